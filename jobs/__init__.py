@@ -1,0 +1,1 @@
+"""Entry points: the ``prewarm`` CLI, beat schedules, the api/webhook service, watchers."""

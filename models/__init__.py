@@ -1,0 +1,1 @@
+"""Learned models with a scikit-learn-style API and versioned persistence."""

@@ -1,0 +1,58 @@
+"""The Celery app: Redis broker and backend, JSON only, acks_late, one queue per kind of work.
+
+Configuration is applied lazily on first use (``on_configure``), so importing this module
+reads no environment and opens no connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from tasks.settings import Settings, current_settings
+
+QUEUES = ("ingest", "model", "warm", "events")
+
+#: Modules that define tasks; the worker imports them at start.
+TASK_MODULES = [
+    "tasks.health",
+]
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from prewarm's settings."""
+    return {
+        "broker_url": settings.redis_url,
+        "result_backend": settings.result_url or settings.redis_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_always_eager": False,
+        "worker_prefetch_multiplier": 1,
+        "task_track_started": True,
+        "result_expires": 24 * 3600,
+        "broker_connection_retry_on_startup": True,
+        # Longer than the longest task, so an unacked message is not redelivered while it runs.
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "task_queues": [Queue(name) for name in QUEUES],
+        "task_default_queue": "events",
+        "task_routes": {f"prewarm.{name}.*": {"queue": name} for name in QUEUES},
+        "timezone": "UTC",
+        "enable_utc": True,
+        "worker_hijack_root_logger": False,
+        "beat_schedule": {},
+    }
+
+
+app = Celery("prewarm", include=TASK_MODULES)
+
+
+@app.on_configure.connect
+def _configure(sender: Celery, **_: Any) -> None:
+    sender.conf.update(celery_config(current_settings()))

@@ -1,0 +1,185 @@
+"""Settings: the only module that reads the environment.
+
+Values come from ``PREWARM_*`` environment variables and an optional TOML file
+(``PREWARM_CONFIG``, or ``--config`` on the CLI). The environment wins over the file.
+Invalid settings raise :class:`SettingsError` naming the key and what was wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from pipeline.errors import SettingsError
+
+ENV_PREFIX = "PREWARM_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Section):
+    """One engine replica prewarm may warm. URLs come only from here, never from input data."""
+
+    name: str
+    url: str
+    model: str
+    kind: Literal["vllm", "llamacpp", "tgi", "simulator"] = "vllm"
+    max_concurrency: int = Field(4, ge=1, le=256)
+    cache_tokens: int | None = Field(None, ge=1)
+    prefill_s_per_token: float | None = Field(None, gt=0)
+    tenant_isolation: bool = False
+    adapters: tuple[str, ...] = ()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class TemplateRepoSettings(_Section):
+    """A prompt-template git repository prewarm watches."""
+
+    name: str
+    url: str
+    branch: str = "main"
+    patterns: tuple[str, ...] = ("**/*.jinja", "**/*.j2", "**/tokenizer_config.json", "**/*.py")
+    webhook_secret: SecretStr | None = None
+    model: str | None = None
+
+
+class BudgetSettings(_Section):
+    """Limits on one warm-up plan."""
+
+    max_items: int = Field(100, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_seconds: float = Field(60.0, gt=0)
+    batch_size: int = Field(16, ge=1, le=10_000)
+
+
+class ScheduleSettings(_Section):
+    """Beat periods, in seconds."""
+
+    window_s: int = Field(300, ge=1)
+    retrain_s: int = Field(3600, ge=1)
+    poll_repos_s: int = Field(60, ge=1)
+    wal_sweep_s: int = Field(30, ge=1)
+    replica_watch_s: int = Field(10, ge=1)
+
+
+class TenantSettings(_Section):
+    """A tenant's SLA weight and share of the warm-up budget."""
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+    budget_share: float = Field(1.0, gt=0, le=1)
+
+
+class Settings(_Section):
+    """Everything prewarm can be configured with."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    result_url: str | None = None
+    # prewarm's own state (WAL, response cache, de-duplication); defaults to the broker's Redis.
+    store_url: str | None = None
+    data_dir: Path = Path(".prewarm")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    visibility_timeout_s: int = Field(3600, ge=60)
+    wal_lease_s: int = Field(30, ge=1)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8080, ge=1, le=65535)
+    engines: tuple[EngineSettings, ...] = ()
+    template_repos: tuple[TemplateRepoSettings, ...] = ()
+    budget: BudgetSettings = BudgetSettings()
+    schedule: ScheduleSettings = ScheduleSettings()
+    tenants: tuple[TenantSettings, ...] = ()
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @property
+    def store_redis_url(self) -> str:
+        """Redis URL of prewarm's own state."""
+        return self.store_url or self.redis_url
+
+    def engine(self, name: str) -> EngineSettings:
+        """The configured engine called ``name``; unknown names are bad input."""
+        for engine in self.engines:
+            if engine.name == name:
+                return engine
+        known = ", ".join(e.name for e in self.engines) or "none configured"
+        raise SettingsError(f"unknown engine {name!r} (known: {known})", where="engines")
+
+
+# Scalar settings that may come from the environment, and how each is named there.
+_ENV_KEYS = (
+    "redis_url",
+    "result_url",
+    "store_url",
+    "data_dir",
+    "log_level",
+    "visibility_timeout_s",
+    "wal_lease_s",
+    "api_host",
+    "api_port",
+)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a TOML settings file; a missing or malformed file is a :class:`SettingsError`."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise SettingsError("config file not found", where=str(path)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"not valid TOML ({exc})", where=str(path)) from exc
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key in _ENV_KEYS:
+        env_name = ENV_PREFIX + key.upper()
+        if env_name in environ:
+            values[key] = environ[env_name]
+    return values
+
+
+def _describe(error: ValidationError, origin: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    return f"{origin}: setting {key!r}: {first['msg']}"
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, config_path: Path | str | None = None
+) -> Settings:
+    """Build :class:`Settings` from a TOML file (``PREWARM_CONFIG`` or ``config_path``) and env."""
+    environ = os.environ if environ is None else environ
+    path = config_path or environ.get(ENV_PREFIX + "CONFIG")
+    values: dict[str, Any] = read_config_file(Path(path)) if path else {}
+    values.update(_from_env(environ))
+    origin = str(path) if path else "environment"
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, origin)) from exc
+
+
+@lru_cache(maxsize=1)
+def current_settings() -> Settings:
+    """Settings of this process, read once on first use (never at import time)."""
+    return load_settings()

@@ -1,0 +1,137 @@
+"""Fixtures shared by the suite: a real Redis in databases nobody else uses, a real worker.
+
+A missing Redis skips integration tests on a laptop but fails them in CI (``CI=true``).
+``PREWARM_TEST_REDIS_DB`` picks the pair of databases (broker = N, store = N+1; default 14)
+so several suites can run side by side on one Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REDIS_BASE = os.environ.get("PREWARM_TEST_REDIS", "redis://127.0.0.1:6379")
+REDIS_DB = int(os.environ.get("PREWARM_TEST_REDIS_DB", "14"))
+BROKER_URL = f"{REDIS_BASE}/{REDIS_DB}"
+STORE_URL = f"{REDIS_BASE}/{REDIS_DB + 1}"
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def _redis_or_skip(url: str) -> redis.Redis:
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis at {url} is required in CI: {exc}")
+        pytest.skip(f"no Redis at {url}")
+    return client
+
+
+@pytest.fixture
+def store_url() -> Iterator[str]:
+    """URL of an empty Redis database for prewarm's state; flushed before and after."""
+    client = _redis_or_skip(STORE_URL)
+    client.flushdb()
+    yield STORE_URL
+    client.flushdb()
+
+
+@pytest.fixture
+def store(store_url: str) -> redis.Redis:
+    """A client on the flushed store database."""
+    return redis.Redis.from_url(store_url)
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a worker process (or any prewarm subprocess) bound to the test Redis."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "PREWARM_REDIS_URL": BROKER_URL,
+            "PREWARM_STORE_URL": STORE_URL,
+            "PYTHONPATH": str(REPO_ROOT),
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+class WorkerProcess:
+    """A real ``celery worker`` subprocess on every prewarm queue."""
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None, concurrency: int = 2):
+        self.log_path = log_path
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "worker",
+            "-Q", "ingest,model,warm,events", "--pool", "prefork", "-c", str(concurrency),
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"test-{os.getpid()}-{time.monotonic_ns()}@%h", "--loglevel", "INFO",
+        ]  # fmt: skip
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env or worker_env(), stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the worker's log says it is ready; fail with its log otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log_text()}")
+            if " ready." in self.log_text():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_text()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def broker_url() -> str:
+    """Broker URL for the session; its database is flushed once before the worker starts."""
+    _redis_or_skip(BROKER_URL).flushdb()
+    return BROKER_URL
+
+
+@pytest.fixture(scope="session")
+def celery_app_configured(broker_url: str):
+    """prewarm's Celery app configured for the test Redis, as a client."""
+    from tasks import settings as settings_module
+    from tasks.celery_app import app
+
+    os.environ["PREWARM_REDIS_URL"] = broker_url
+    os.environ["PREWARM_STORE_URL"] = STORE_URL
+    settings_module.current_settings.cache_clear()
+    return app
+
+
+@pytest.fixture(scope="session")
+def celery_worker(celery_app_configured, tmp_path_factory) -> Iterator[WorkerProcess]:
+    """A real worker process on every queue, shared by the session."""
+    worker = WorkerProcess(tmp_path_factory.mktemp("worker") / "worker.log")
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
