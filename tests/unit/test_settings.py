@@ -21,14 +21,14 @@ def test_bad_scalar_names_the_key():
 
 def test_missing_config_file_names_the_path(tmp_path):
     missing = tmp_path / "nope.toml"
-    with pytest.raises(SettingsError, match="nope.toml: config file not found"):
+    with pytest.raises(SettingsError, match=r"nope\.toml: config file not found"):
         load_settings({}, missing)
 
 
 def test_malformed_config_file_names_the_path(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[budget\nmax_items = 3\n")
-    with pytest.raises(SettingsError, match="bad.toml: not valid TOML"):
+    with pytest.raises(SettingsError, match=r"bad\.toml: not valid TOML"):
         load_settings({}, path)
 
 
