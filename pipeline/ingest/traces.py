@@ -1,0 +1,265 @@
+"""Real request traces, and prewarm's own JSONL request format.
+
+* **Mooncake** (``conversation_trace.jsonl``): one JSON object per line with ``timestamp``
+  (milliseconds from the start of the trace), ``input_length``, ``output_length`` and
+  ``hash_ids`` (prefix-block hashes of 512-token blocks). ``ts`` = ``epoch`` + timestamp;
+  ``prefix_hashes`` = ``[str(h) for h in hash_ids]``, used as they are (not re-hashed).
+  ``request_id`` = ``<file stem>:<line number>``.
+* **Azure LLM inference traces** (``TIMESTAMP,ContextTokens,GeneratedTokens`` CSV): real
+  UTC timestamps; no prompt, no prefix hashes. ``request_id`` = ``<file stem>:<line>``.
+* **ServeGen** per-client series (``chunk-<n>-trace.csv``, no header: ``window_start_s,
+  rate_req_per_s, iat_cv, iat_dist, param1, param2``): not requests but an aggregate. One
+  client is one tenant: :func:`read_servegen` returns rows in the counts shape of
+  :mod:`pipeline.windows` with ``item_kind="tenant"``, ``item_key="client-<n>"``,
+  ``requests = round(rate * 600)`` per 10-minute window, ``window_start = epoch +
+  window_start_s``, token sums 0 (the series carries none).
+* **prewarm JSONL** (format name ``prewarm-jsonl``), for any other source: one JSON object per
+  line whose keys are the canonical record columns of :mod:`pipeline.records`. ``ts`` is
+  required: an ISO 8601 string (a zone-less one is taken as UTC) or a number of seconds since
+  the Unix epoch. Optional: ``token_ids`` (a list of ints: prefix hashes are computed from
+  them) and ``prefix_hashes`` (a list, used as given). When neither is given and ``prompt`` is
+  present, prefix hashes are computed from the prompt text. Unknown keys are ignored. Example::
+
+      {"ts": "2025-06-03T09:41:17Z", "request_id": "r1", "model": "llama-3-8b",
+       "tenant": "acme", "prompt": "You are ...", "prompt_tokens": 812, "output_tokens": 64}
+
+The traces carry relative times: ``TRACE_EPOCH`` (2024-01-01 00:00 UTC, a Monday, so a
+ServeGen day starts at midnight) is the documented default epoch; every reader takes another.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.ingest.lines import LineReader
+from pipeline.ingest.summary import Rejects
+from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
+from pipeline.records import RECORD_COLUMNS, conform_records
+
+TRACE_EPOCH = pd.Timestamp("2024-01-01T00:00:00Z")
+SERVEGEN_WINDOW_S = 600
+COUNT_COLUMNS = (
+    "item_kind",
+    "item_key",
+    "window_start",
+    "requests",
+    "prompt_tokens",
+    "output_tokens",
+)
+_SERVEGEN_NAME = re.compile(r"chunk-(\d+)-trace\.csv$")
+
+Row = dict[str, Any]
+
+
+def _lines(path: Path, rejects: Rejects) -> Iterator[tuple[int, str]]:
+    reader = LineReader(path, rejects)
+    for first, block in reader:
+        for i, line in enumerate(block):
+            if line.strip():
+                yield first + i, line
+
+
+def _rows(path: Path, rejects: Rejects, parse: Callable[[str, int], Row | None]) -> list[Row]:
+    rows: list[Row] = []
+    for line_no, line in _lines(path, rejects):
+        try:
+            row = parse(line, line_no)
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            rejects.add(f"bad row: {type(exc).__name__}", line_no, line)
+            continue
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _trace_frame(rows: list[Row]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    frame["source"] = "trace"
+    return conform_records(frame)
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer count; bools and negatives are errors, not counts."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    if value != int(value):
+        raise ValueError(f"not a whole count: {value!r}")
+    return int(value)
+
+
+# --- Mooncake -------------------------------------------------------------------------------
+
+
+def mooncake_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOCH) -> list[Row]:
+    """Record rows of a Mooncake JSONL trace; bad lines are counted in ``rejects``."""
+    stem = path.name.split(".")[0]
+
+    def parse(line: str, line_no: int) -> Row:
+        obj = json.loads(line)
+        hashes = obj["hash_ids"]
+        if not isinstance(hashes, list):
+            raise TypeError("hash_ids is not a list")
+        return {
+            "ts": epoch + pd.Timedelta(milliseconds=_count(obj["timestamp"])),
+            "request_id": f"{stem}:{line_no}",
+            "prompt_tokens": _count(obj["input_length"]),
+            "output_tokens": _count(obj["output_length"]),
+            "prefix_hashes": [str(h) for h in hashes],
+        }
+
+    return _rows(path, rejects, parse)
+
+
+def read_mooncake(path: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) -> pd.DataFrame:
+    """Records of a Mooncake trace (``ts`` = ``epoch`` + ``timestamp`` ms; hashes as given)."""
+    return _trace_frame(mooncake_rows(Path(path), Rejects(str(path)), epoch))
+
+
+# --- Azure ----------------------------------------------------------------------------------
+
+
+def azure_rows(path: Path, rejects: Rejects) -> list[Row]:
+    """Record rows of an Azure LLM inference trace CSV (header line skipped)."""
+    stem = path.name.split(".")[0]
+
+    def parse(line: str, line_no: int) -> Row | None:
+        fields = line.rstrip("\r").split(",")
+        if fields[0] == "TIMESTAMP":
+            return None
+        if len(fields) != 3:
+            raise ValueError(f"{len(fields)} fields, expected 3")
+        return {
+            "ts": _azure_ts(fields[0]),
+            "request_id": f"{stem}:{line_no}",
+            "prompt_tokens": _count(int(fields[1])),
+            "output_tokens": _count(int(fields[2])),
+        }
+
+    return _rows(path, rejects, parse)
+
+
+def _azure_ts(text: str) -> pd.Timestamp:
+    # Azure writes 7 fractional digits (.NET ticks); pandas parses to ns, we keep us.
+    ts = pd.Timestamp(text)
+    if pd.isna(ts):
+        raise ValueError(f"bad timestamp {text!r}")
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def read_azure(path: str | Path) -> pd.DataFrame:
+    """Records of an Azure LLM inference trace (code or conversation)."""
+    return _trace_frame(azure_rows(Path(path), Rejects(str(path))))
+
+
+# --- ServeGen -------------------------------------------------------------------------------
+
+
+def servegen_client(path: Path) -> str:
+    """``client-<n>`` from a ``chunk-<n>-trace.csv`` name (the file name is the only id)."""
+    match = _SERVEGEN_NAME.search(path.name)
+    if match is None:
+        raise ValueError(f"{path.name}: not a ServeGen chunk-<n>-trace.csv name")
+    return f"client-{match.group(1)}"
+
+
+def servegen_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOCH) -> list[Row]:
+    """Counts rows (tenant × window) of one ServeGen client file; idle windows dropped."""
+    client = servegen_client(path)
+
+    def parse(line: str, line_no: int) -> Row | None:
+        fields = line.rstrip("\r").split(",")
+        if len(fields) != 6:
+            raise ValueError(f"{len(fields)} fields, expected 6")
+        start_s, rate = float(fields[0]), float(fields[1])
+        if rate < 0 or start_s < 0 or rate != rate:
+            raise ValueError(f"negative or NaN rate/start: {fields[:2]}")
+        requests = round(rate * SERVEGEN_WINDOW_S)
+        if requests == 0:
+            return None
+        start = epoch + pd.Timedelta(seconds=start_s)
+        return {"item_kind": "tenant", "item_key": client, "window_start": start,
+                "requests": requests, "prompt_tokens": 0, "output_tokens": 0}  # fmt: skip
+
+    return _rows(path, rejects, parse)
+
+
+def counts_frame(rows: list[Row]) -> pd.DataFrame:
+    """A counts-shape DataFrame (see :mod:`pipeline.windows`) from row dicts."""
+    frame = pd.DataFrame(rows, columns=list(COUNT_COLUMNS))
+    return frame.astype(
+        {
+            "item_kind": "string",
+            "item_key": "string",
+            "window_start": "datetime64[us, UTC]",
+            "requests": "int64",
+            "prompt_tokens": "int64",
+            "output_tokens": "int64",
+        }
+    )
+
+
+def read_servegen(path_or_dir: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) -> pd.DataFrame:
+    """Tenant × 10-minute-window request counts of one ServeGen file or a folder of them."""
+    root = Path(path_or_dir)
+    files = sorted(root.rglob("chunk-*-trace.csv")) if root.is_dir() else [root]
+    rows: list[Row] = []
+    for path in files:
+        rows.extend(servegen_rows(path, Rejects(str(path)), epoch))
+    frame = counts_frame(rows)
+    return frame.sort_values(["item_key", "window_start"], ignore_index=True)
+
+
+# --- prewarm JSONL --------------------------------------------------------------------------
+
+
+def jsonl_rows(path: Path, rejects: Rejects, block_size: int = DEFAULT_BLOCK_SIZE) -> list[Row]:
+    """Record rows of prewarm's own JSONL request format (see the module docstring)."""
+
+    def parse(line: str, line_no: int) -> Row:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise TypeError("a line must be a JSON object")
+        row = {key: obj[key] for key in RECORD_COLUMNS if key in obj}
+        row["ts"] = _jsonl_ts(obj["ts"])
+        row["prefix_hashes"] = _jsonl_hashes(obj, block_size)
+        row.setdefault("source", "gateway")
+        return row
+
+    return _rows(path, rejects, parse)
+
+
+def _jsonl_ts(value: Any) -> pd.Timestamp:
+    if isinstance(value, bool):
+        raise TypeError("ts is a bool")
+    if isinstance(value, int | float):
+        return pd.Timestamp(value, unit="s", tz="UTC")
+    ts = pd.Timestamp(str(value))
+    if pd.isna(ts):
+        raise ValueError(f"bad ts {value!r}")
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def _jsonl_hashes(obj: dict[str, Any], block_size: int) -> list[str] | None:
+    if isinstance(obj.get("prefix_hashes"), list):
+        return [str(h) for h in obj["prefix_hashes"]]
+    ids = obj.get("token_ids")
+    if isinstance(ids, list):
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TypeError("token_ids must be integers")
+        return block_hashes_from_ids(ids, block_size)
+    if isinstance(obj.get("prompt"), str):
+        return block_hashes(obj["prompt"], block_size)
+    return None
+
+
+def read_jsonl(path: str | Path, block_size: int = DEFAULT_BLOCK_SIZE) -> pd.DataFrame:
+    """Records of a prewarm JSONL request file."""
+    rows = jsonl_rows(Path(path), Rejects(str(path)), block_size)
+    frame = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    return conform_records(frame)

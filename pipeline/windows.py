@@ -1,0 +1,201 @@
+"""Sliding windows: what each warmable item saw per time window, and features of its past.
+
+**Counts shape** (long format, one row per item and window with at least one request):
+
+=============  ========================  =====================================================
+column         dtype                     meaning
+=============  ========================  =====================================================
+item_kind      string                    ``prefix | prompt | template | adapter | tenant |
+                                         model``
+item_key       string                    the item's stable key (a block hash, a prompt hash,
+                                         an adapter name, ...)
+window_start   datetime64[us, UTC]       start of the window (``ts`` floored to the window)
+requests       int64                     requests that used the item in the window
+prompt_tokens  int64                     sum of their prompt tokens (missing counts as 0)
+output_tokens  int64                     sum of their output tokens (missing counts as 0)
+=============  ========================  =====================================================
+
+A request counts once for *each* block hash of its ``prefix_hashes`` chain (it would have used
+every one of those cached blocks). ``prompt`` items are keyed by a hash of the full prompt
+text; ``template`` items exist only when the records carry a ``template`` column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipeline.errors import BadInputError
+
+ITEM_KINDS = ("prefix", "prompt", "template", "adapter", "tenant", "model")
+COUNT_DTYPES = {
+    "item_kind": "string",
+    "item_key": "string",
+    "window_start": "datetime64[us, UTC]",
+    "requests": "int64",
+    "prompt_tokens": "int64",
+    "output_tokens": "int64",
+}
+KEYS = ["item_kind", "item_key"]
+#: a dense item × window grid larger than this is refused: raise ``min_total_requests``
+MAX_GRID_ROWS = 50_000_000
+
+
+def prompt_key(prompt: str) -> str:
+    """Stable key of a whole prompt text (16 hex digits)."""
+    return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def empty_counts() -> pd.DataFrame:
+    """A counts frame with no rows and the right dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COUNT_DTYPES.items()})
+
+
+def _base(records: pd.DataFrame, window: str) -> pd.DataFrame:
+    ts = pd.to_datetime(records["ts"], utc=True)
+    return pd.DataFrame(
+        {
+            "window_start": ts.dt.floor(window),
+            "prompt_tokens": pd.to_numeric(records["prompt_tokens"]).fillna(0).astype("int64"),
+            "output_tokens": pd.to_numeric(records["output_tokens"]).fillna(0).astype("int64"),
+        },
+        index=records.index,
+    )
+
+
+def _keyed(base: pd.DataFrame, kind: str, keys: pd.Series) -> pd.DataFrame:
+    keep = keys.notna()
+    part = base.loc[keep].copy()
+    part["item_key"] = keys[keep].astype(str).to_numpy()
+    part["item_kind"] = kind
+    return part
+
+
+def _prefix_items(records: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    chains = records["prefix_hashes"]
+    has = chains.map(lambda c: isinstance(c, list | tuple | np.ndarray) and len(c) > 0)
+    exploded = chains[has].explode()
+    part = base.loc[exploded.index].copy()
+    part["item_key"] = exploded.astype(str).to_numpy()
+    part["item_kind"] = "prefix"
+    return part
+
+
+def _item_rows(records: pd.DataFrame, base: pd.DataFrame) -> list[pd.DataFrame]:
+    parts = []
+    if "prefix_hashes" in records:
+        parts.append(_prefix_items(records, base))
+    if "prompt" in records:
+        prompts = records["prompt"].astype("string")
+        parts.append(_keyed(base, "prompt", prompts.map(prompt_key, na_action="ignore")))
+    for kind in ("template", "adapter", "tenant", "model"):
+        if kind in records:
+            parts.append(_keyed(base, kind, records[kind]))
+    return parts
+
+
+def item_window_counts(records: pd.DataFrame, window: str = "10min") -> pd.DataFrame:
+    """Per item and window: requests and token sums (the counts shape; see the module doc)."""
+    if records.empty:
+        return empty_counts()
+    base = _base(records, window)
+    parts = [p for p in _item_rows(records, base) if not p.empty]
+    if not parts:
+        return empty_counts()
+    rows = pd.concat(parts, ignore_index=True)
+    counts = rows.groupby([*KEYS, "window_start"], sort=True, observed=True).agg(
+        requests=("prompt_tokens", "size"),
+        prompt_tokens=("prompt_tokens", "sum"),
+        output_tokens=("output_tokens", "sum"),
+    )
+    counts = counts.reset_index()[list(COUNT_DTYPES)]
+    return counts.astype(COUNT_DTYPES)
+
+
+def infer_window(counts: pd.DataFrame) -> pd.Timedelta:
+    """The window length of a counts frame: the smallest gap between distinct window starts."""
+    starts = np.sort(pd.to_datetime(counts["window_start"], utc=True).unique())
+    gaps = np.diff(starts)
+    if len(gaps) == 0:
+        raise BadInputError("one window only: pass window=", where="counts.window_start")
+    return pd.Timedelta(gaps.min())
+
+
+def _dense_grid(counts: pd.DataFrame, step: pd.Timedelta, min_total: int) -> pd.DataFrame:
+    """Every item from its first window to the last window of all, zero-filled."""
+    totals = counts.groupby(KEYS, observed=True)["requests"].transform("sum")
+    counts = counts[totals >= min_total]
+    first = counts.groupby(KEYS, observed=True, sort=True)["window_start"].min()
+    last = pd.to_datetime(counts["window_start"], utc=True).max()
+    spans = ((last - first) // step).astype("int64").to_numpy() + 1
+    if spans.sum() > MAX_GRID_ROWS:
+        raise BadInputError(
+            f"{spans.sum()} item-window rows; raise min_total_requests", where="window_features"
+        )
+    naive_first = first.dt.tz_convert(None).to_numpy()
+    item = np.repeat(np.arange(len(first)), spans)
+    offset = np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans)
+    grid = pd.DataFrame(
+        {
+            "item_kind": first.index.get_level_values(0)[item],
+            "item_key": first.index.get_level_values(1)[item],
+            "window_start": naive_first[item] + offset * step.to_timedelta64(),
+        }
+    )
+    grid["window_start"] = grid["window_start"].dt.tz_localize("UTC").astype("datetime64[us, UTC]")
+    grid = grid.merge(counts, on=[*KEYS, "window_start"], how="left")
+    value_cols = ["requests", "prompt_tokens", "output_tokens"]
+    grid[value_cols] = grid[value_cols].fillna(0).astype("int64")
+    return grid
+
+
+def window_features(
+    counts: pd.DataFrame,
+    lags: Sequence[int] = (1, 2, 3, 6),
+    rolling: Sequence[int] = (3, 6),
+    window: str | pd.Timedelta | None = None,
+    min_total_requests: int = 1,
+) -> pd.DataFrame:
+    """Lag and rolling features of ``requests`` on a dense item × window grid.
+
+    Each item runs from its first window with a request to the last window of all, zero-filled.
+    At window *t*: ``lag_k`` = requests at *t-k*; ``roll_mean_w`` = mean over *t-w+1 .. t*;
+    ``seen_windows`` = windows up to *t* with a request; ``windows_since_seen`` = windows since
+    the last one (0 when *t* has requests); ``share`` = the item's share of its kind's requests
+    at *t*; ``hour``, ``weekday`` of the window; ``target_next`` = requests at *t+1* (missing on
+    the last window). Items with fewer than ``min_total_requests`` requests in all are left out.
+    """
+    if counts.empty:
+        return counts.copy()
+    step = pd.Timedelta(window) if window is not None else infer_window(counts)
+    grid = _dense_grid(counts, step, min_total_requests)
+    grid = grid.sort_values([*KEYS, "window_start"], ignore_index=True)
+    group = grid.groupby(KEYS, observed=True, sort=False)["requests"]
+    for k in lags:
+        grid[f"lag_{k}"] = group.shift(k).fillna(0).astype("int64")
+    cumulative = group.cumsum()
+    cum_group = cumulative.groupby([grid["item_kind"], grid["item_key"]], sort=False)
+    for w in rolling:
+        earlier = cum_group.shift(w).fillna(0)
+        span = np.minimum(group.cumcount().to_numpy() + 1, w)
+        grid[f"roll_mean_{w}"] = (cumulative - earlier) / span
+    _add_recency(grid, group)
+    kind_total = grid.groupby(["item_kind", "window_start"], observed=True)["requests"]
+    grid["share"] = grid["requests"] / kind_total.transform("sum").replace(0, np.nan)
+    grid["share"] = grid["share"].fillna(0.0)
+    grid["hour"] = grid["window_start"].dt.hour.astype("int64")
+    grid["weekday"] = grid["window_start"].dt.day_of_week.astype("int64")
+    grid["target_next"] = group.shift(-1).astype("Int64")
+    return grid
+
+
+def _add_recency(grid: pd.DataFrame, group: pd.core.groupby.SeriesGroupBy) -> None:
+    seen = (grid["requests"] > 0).astype("int64")
+    grid["seen_windows"] = seen.groupby([grid["item_kind"], grid["item_key"]]).cumsum()
+    position = group.cumcount()
+    last_seen = position.where(seen.astype(bool))
+    last_seen = last_seen.groupby([grid["item_kind"], grid["item_key"]]).ffill()
+    grid["windows_since_seen"] = (position - last_seen).astype("int64")

@@ -1,0 +1,65 @@
+"""Item × window counts and their features."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pipeline.records import records_frame
+from pipeline.windows import COUNT_DTYPES, item_window_counts, prompt_key, window_features
+
+T0 = pd.Timestamp("2025-01-01T00:00:00Z")
+
+
+def _records():
+    rows = [
+        {"ts": T0, "prefix_hashes": ["a", "b"], "prompt": "p1", "prompt_tokens": 10,
+         "output_tokens": 2, "model": "m", "tenant": "t1", "adapter": "lora1"},
+        {"ts": T0 + pd.Timedelta(minutes=3), "prefix_hashes": ["a", "c"], "prompt": "p2",
+         "prompt_tokens": 20, "output_tokens": None, "model": "m"},
+        {"ts": T0 + pd.Timedelta(minutes=25), "prefix_hashes": ["a"], "prompt": "p1",
+         "prompt_tokens": 30, "output_tokens": 5, "model": "m", "tenant": "t1"},
+    ]  # fmt: skip
+    return records_frame(rows)
+
+
+def test_counts_shape_and_prefix_chain_counting():
+    counts = item_window_counts(_records(), "10min")
+    assert {c: str(t) for c, t in counts.dtypes.items()} == {
+        c: str(pd.Series(dtype=t).dtype) for c, t in COUNT_DTYPES.items()
+    }
+    key = counts.set_index(["item_kind", "item_key", "window_start"])
+    assert key.loc[("prefix", "a", T0), "requests"] == 2
+    assert key.loc[("prefix", "a", T0), "prompt_tokens"] == 30
+    assert key.loc[("prefix", "a", T0), "output_tokens"] == 2
+    assert key.loc[("prefix", "b", T0), "requests"] == 1
+    assert key.loc[("prompt", prompt_key("p1"), T0 + pd.Timedelta(minutes=20)), "requests"] == 1
+    assert key.loc[("tenant", "t1", T0), "requests"] == 1
+    assert key.loc[("adapter", "lora1", T0), "requests"] == 1
+    assert key.loc[("model", "m", T0), "requests"] == 2
+    assert (counts["requests"] > 0).all()
+
+
+def test_features_lags_rolling_and_target_on_a_dense_grid():
+    counts = item_window_counts(_records(), "10min")
+    features = window_features(counts, lags=(1, 2), rolling=(2,), window="10min")
+    a = features[(features.item_kind == "prefix") & (features.item_key == "a")]
+    assert a["requests"].tolist() == [2, 0, 1]  # the empty middle window is filled
+    assert a["lag_1"].tolist() == [0, 2, 0]
+    assert a["lag_2"].tolist() == [0, 0, 2]
+    assert a["roll_mean_2"].tolist() == pytest.approx([2.0, 1.0, 0.5])
+    assert a["target_next"].tolist()[:2] == [0, 1]
+    assert pd.isna(a["target_next"].iloc[-1])
+    assert a["windows_since_seen"].tolist() == [0, 1, 0]
+    b = features[(features.item_kind == "prefix") & (features.item_key == "b")]
+    assert len(b) == 3  # from its first window to the last window of all
+
+
+def test_min_total_requests_drops_rare_items():
+    counts = item_window_counts(_records(), "10min")
+    features = window_features(counts, window="10min", min_total_requests=2)
+    assert set(features.loc[features.item_kind == "prefix", "item_key"]) == {"a"}
+
+
+def test_empty_records_give_empty_counts():
+    assert item_window_counts(records_frame([]), "10min").empty
