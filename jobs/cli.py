@@ -27,7 +27,9 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 #: Modules under jobs/ that each define ``register(app)``.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = [
+    "jobs.simulator.cli",
+]
 
 
 @app.callback()

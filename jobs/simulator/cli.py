@@ -1,0 +1,46 @@
+"""``prewarm simulator``: serve the engine simulator in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Opt = typer.Option
+
+
+def simulator(
+    host: Annotated[str, Opt(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, Opt(help="Port to listen on (0: any free port).")] = 8000,
+    model: Annotated[str, Opt(help="Served model name.")] = "sim-llm",
+    block_size: Annotated[int, Opt(min=1, help="Tokens per prefix-cache block.")] = 16,
+    capacity_blocks: Annotated[int, Opt(min=1, help="Prefix-cache capacity in blocks.")] = 4096,
+    prefill_ms_per_token: Annotated[
+        float, Opt(min=0, help="Prefill cost per uncached token.")
+    ] = 0.5,
+    decode_ms_per_token: Annotated[float, Opt(min=0, help="Decode cost per output token.")] = 10.0,
+    overhead_ms: Annotated[float, Opt(min=0, help="Fixed scheduling cost per request.")] = 5.0,
+    max_num_seqs: Annotated[int, Opt(min=1, help="Requests running at once.")] = 64,
+    stats_interval_s: Annotated[float, Opt(min=0.1, help="Seconds between stats lines.")] = 10.0,
+    log_file: Annotated[Path | None, Opt(help="Also append the vLLM-format log here.")] = None,
+) -> None:
+    """Serve the engine SIMULATOR (OpenAI-compatible, vLLM-format logs; latencies simulated)."""
+    from jobs.simulator.engine import LatencyModel, SimulatorConfig
+    from jobs.simulator.runner import SimulatorServer, stdout_log
+
+    config = SimulatorConfig(
+        model=model,
+        block_size=block_size,
+        capacity_blocks=capacity_blocks,
+        latency=LatencyModel(prefill_ms_per_token, decode_ms_per_token, overhead_ms),
+        max_num_seqs=max_num_seqs,
+        stats_interval_s=stats_interval_s,
+        log_file=log_file,
+    )
+    SimulatorServer(config, host=host, port=port, log_stream=stdout_log()).serve_forever()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``prewarm simulator`` to the CLI."""
+    app.command("simulator")(simulator)

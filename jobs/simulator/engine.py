@@ -1,0 +1,310 @@
+"""The simulated engine: prefix cache, latency model, outputs, metrics and logs for a request.
+
+A request is prepared (prompt cut into pseudo-tokens and whole blocks), then prefilled (it waits
+for a running slot, looks its block chain up in the cache and sleeps for the tokens it must
+compute), then decoded token by token. Only uncached tokens pay prefill, so a warmed prefix
+gives a measurably lower time to first token — the effect prewarm exists for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobs.simulator.cache import BlockPrefixCache
+from jobs.simulator.metrics import EngineMetrics
+from jobs.simulator.outputs import SimulatedToken, generate_tokens, natural_length, token_id
+from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter, lora_request_repr
+from pipeline.prefix import block_hashes_from_ids, prefix_chain, pseudo_token_spans
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Per-token prefill and decode cost; zero everywhere is the no-latency benchmark mode."""
+
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_token: float = 0.0
+    overhead_ms: float = 0.0
+
+    def prefill_s(self, uncached_tokens: int) -> float:
+        """Seconds to compute ``uncached_tokens`` of prompt plus the per-request overhead."""
+        return (self.overhead_ms + uncached_tokens * self.prefill_ms_per_token) / 1000.0
+
+    def decode_s(self) -> float:
+        """Seconds per generated token after the first."""
+        return self.decode_ms_per_token / 1000.0
+
+
+@dataclass
+class FaultInjection:
+    """Failures to inject into generation requests (tests only); mutable while serving."""
+
+    error_rate: float = 0.0
+    delay_s: float = 0.0
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def should_fail(self) -> bool:
+        """Whether the next request is answered with an HTTP 500."""
+        return self.error_rate > 0 and self._rng.random() < self.error_rate
+
+
+@dataclass
+class SimulatorConfig:
+    """Everything a simulated engine is started with."""
+
+    model: str = "sim-llm"
+    block_size: int = 16
+    capacity_blocks: int = 4096
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    max_model_len: int = 32_768
+    max_num_seqs: int = 64
+    stats_interval_s: float = 10.0
+    adapter_load_ms: float = 0.0
+    log_file: Path | None = None
+    faults: FaultInjection = field(default_factory=FaultInjection)
+
+
+class ModelNotFoundError(LookupError):
+    """The request names a model that is neither the base model nor a loaded adapter."""
+
+
+class PromptTooLongError(ValueError):
+    """The prompt plus the requested output do not fit the model's context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A loaded LoRA adapter."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+@dataclass
+class GenerationRequest:
+    """A request as the engine sees it: prompt text (or ids), sampling params, adapter."""
+
+    request_id: str
+    model: str
+    prompt: str | None
+    params: SamplingParamsView
+    prompt_token_ids: list[int] | None = None
+    adapter: Adapter | None = None
+    natural_stop: bool = True
+
+
+def _text_tokens(prompt: str, block_size: int) -> tuple[list[int], list[str]]:
+    spans = pseudo_token_spans(prompt)
+    ids = [token_id(prompt[a:b]) for a, b in spans]
+    # vLLM always recomputes the last prompt token, so a block ending on it is never reused.
+    usable = (len(ids) - 1) // block_size if ids else 0
+    return ids, [block.hash for block in prefix_chain(prompt, block_size)[:usable]]
+
+
+def _id_tokens(ids: Sequence[int], block_size: int) -> list[str]:
+    usable = (len(ids) - 1) // block_size if ids else 0
+    return block_hashes_from_ids(ids, block_size)[:usable]
+
+
+class StatsWindow:
+    """Token counts since the last stats line, and hit rate over recent requests (as vLLM)."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.recent: deque[tuple[int, int]] = deque(maxlen=1000)
+
+    def hit_rate(self) -> float:
+        queried = sum(q for q, _ in self.recent)
+        return 100.0 * sum(h for _, h in self.recent) / queried if queried else 0.0
+
+
+class SimulatedEngine:
+    """One simulated replica: cache, adapters, metrics, logs. Used from one event loop."""
+
+    def __init__(self, config: SimulatorConfig, log: VllmLogWriter) -> None:
+        self.config = config
+        self.log = log
+        self.cache = BlockPrefixCache(config.capacity_blocks)
+        self.metrics = EngineMetrics(config.model)
+        self.adapters: dict[str, Adapter] = {}
+        self.stats = StatsWindow()
+        self.running = 0
+        self.waiting = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._next_adapter_id = 1
+
+    # -- models and adapters -------------------------------------------------------------
+
+    def resolve_model(self, name: str | None) -> Adapter | None:
+        """The adapter a request's ``model`` names (``None`` for the base model)."""
+        if name is None or name == self.config.model:
+            return None
+        if name in self.adapters:
+            return self.adapters[name]
+        raise ModelNotFoundError(f"The model `{name}` does not exist.")
+
+    def add_adapter(self, name: str, path: str) -> Adapter:
+        """Register a LoRA adapter under ``name`` (the caller checks for duplicates)."""
+        adapter = Adapter(name, self._next_adapter_id, path)
+        self._next_adapter_id += 1
+        self.adapters[name] = adapter
+        return adapter
+
+    # -- one request ---------------------------------------------------------------------
+
+    def prepare(self, request: GenerationRequest) -> Generation:
+        """Tokenise, check the context length, log the request and return its generation."""
+        if request.prompt is not None:
+            ids, chain = _text_tokens(request.prompt, self.config.block_size)
+        else:
+            ids = list(request.prompt_token_ids or [])
+            chain = _id_tokens(ids, self.config.block_size)
+        if request.adapter is not None:
+            chain = [f"{request.adapter.name}/{h}" for h in chain]  # adapters never share KV
+        if len(ids) + request.params.max_tokens > self.config.max_model_len:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {self.config.max_model_len} tokens. "
+                f"However, your request has {len(ids)} input tokens and asks for "
+                f"{request.params.max_tokens} output tokens. Please reduce the length."
+            )
+        lora = request.adapter
+        lora_text = lora_request_repr(lora.name, lora.int_id, lora.path) if lora else None
+        self.log.request(request.request_id, request.prompt, ids, request.params, lora_text)
+        generation = Generation(self, request, ids, chain)
+        self.log.added(generation.engine_request_id)
+        return generation
+
+    def slots(self) -> asyncio.Semaphore:
+        """Running slots (``max_num_seqs``), created in the serving event loop."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.max_num_seqs)
+        return self._slots
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block; returns how many were dropped."""
+        return self.cache.clear()
+
+    def stats_line(self) -> tuple[str, bool]:
+        """The periodic stats message and whether the interval was idle."""
+        now = time.monotonic()
+        elapsed = max(now - self.stats.since, 1e-9)
+        prompt_tps = self.stats.prompt_tokens / elapsed
+        gen_tps = self.stats.generation_tokens / elapsed
+        idle = self.stats.prompt_tokens == 0 and self.stats.generation_tokens == 0
+        idle = idle and self.running == 0 and self.waiting == 0
+        line = (
+            f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
+            f"Avg generation throughput: {gen_tps:.1f} tokens/s, Running: {self.running} reqs, "
+            f"Waiting: {self.waiting} reqs, GPU KV cache usage: {100 * self.cache.usage:.1f}%, "
+            f"Prefix cache hit rate: {self.stats.hit_rate():.1f}%"
+        )
+        self.stats.since, self.stats.prompt_tokens, self.stats.generation_tokens = now, 0, 0
+        return line, idle
+
+    def log_stats(self) -> None:
+        """Write one stats line now."""
+        line, idle = self.stats_line()
+        self.log.stats(line, idle=idle)
+
+
+class Generation:
+    """One request's life in the engine: wait for a slot, prefill, decode, finish."""
+
+    def __init__(
+        self, engine: SimulatedEngine, request: GenerationRequest, ids: list[int], chain: list[str]
+    ) -> None:
+        self.engine = engine
+        self.request = request
+        self.prompt_tokens = len(ids)
+        self.chain = chain
+        self.cached_tokens = 0
+        self.ttft_s = 0.0
+        self.finish_reason: str | None = None
+        self.tokens = self._plan_tokens()
+        self.engine_request_id = f"{request.request_id}-{secrets.token_hex(4)}"
+        self.done = False
+        self._started = time.monotonic()
+        self._holding_slot = False
+
+    def _plan_tokens(self) -> list[SimulatedToken]:
+        params, request = self.request.params, self.request
+        seed_text = request.prompt if request.prompt is not None else str(request.prompt_token_ids)
+        model = request.adapter.name if request.adapter else request.model
+        count = params.max_tokens
+        if request.natural_stop and not params.ignore_eos:
+            natural = natural_length(seed_text, model, params.seed)
+            count = min(count, max(natural, params.min_tokens))
+        self.finish_reason = "length" if count == params.max_tokens else "stop"
+        return generate_tokens(
+            seed_text, model, count=count, seed=params.seed, top_n=params.logprobs or 0
+        )
+
+    async def prefill(self) -> None:
+        """Wait for a running slot, then compute the uncached part of the prompt."""
+        engine = self.engine
+        engine.waiting += 1
+        engine.metrics.waiting.set(engine.waiting)
+        try:
+            await engine.slots().acquire()
+        finally:
+            engine.waiting -= 1
+            engine.metrics.waiting.set(engine.waiting)
+        self._holding_slot = True
+        engine.running += 1
+        engine.metrics.running.set(engine.running)
+        hit = engine.cache.lookup(self.chain)
+        self.cached_tokens = hit.hit_blocks * engine.config.block_size
+        await _sleep(engine.config.latency.prefill_s(self.prompt_tokens - self.cached_tokens))
+        engine.cache.insert(self.chain)
+        self.ttft_s = time.monotonic() - self._started
+        self._record_prefill()
+
+    def _record_prefill(self) -> None:
+        metrics, engine = self.engine.metrics, self.engine
+        metrics.prefix_cache_queries.inc(self.prompt_tokens)
+        metrics.prefix_cache_hits.inc(self.cached_tokens)
+        metrics.prompt_tokens.inc(self.prompt_tokens)
+        metrics.ttft.observe(self.ttft_s)
+        metrics.kv_usage.set(engine.cache.usage)
+        engine.stats.prompt_tokens += self.prompt_tokens
+        engine.stats.recent.append((self.prompt_tokens, self.cached_tokens))
+
+    async def stream(self) -> AsyncIterator[SimulatedToken]:
+        """Yield the output tokens at the decode rate (the first comes with the prefill)."""
+        for position, token in enumerate(self.tokens):
+            if position:
+                await _sleep(self.engine.config.latency.decode_s())
+            self.engine.metrics.generation_tokens.inc()
+            self.engine.stats.generation_tokens += 1
+            yield token
+
+    def finish(self, *, aborted: bool = False) -> None:
+        """Release the slot and count the request; idempotent."""
+        self.done = True
+        if not self._holding_slot:
+            return
+        self._holding_slot = False
+        engine = self.engine
+        engine.slots().release()
+        engine.running -= 1
+        engine.metrics.running.set(engine.running)
+        engine.metrics.e2e.observe(time.monotonic() - self._started)
+        engine.metrics.finished("abort" if aborted else (self.finish_reason or "stop"))
+
+
+async def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        await asyncio.sleep(seconds)
