@@ -18,6 +18,7 @@ QUEUES = ("ingest", "model", "warm", "events")
 #: Modules that define tasks; the worker imports them at start.
 TASK_MODULES = [
     "tasks.health",
+    "tasks.events",
 ]
 
 

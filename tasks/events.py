@@ -1,0 +1,121 @@
+"""Event tasks: a template repository changed, repositories polled, webhook deliveries claimed.
+
+``prewarm.events.repo_changed`` is idempotent: it diffs from the last processed sha (not from
+the payload's ``before``, once one is known), so a redelivered or replayed push finds nothing
+left to do, and a push missed while the service was down is caught up by the next one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import redis
+from celery import shared_task
+
+from pipeline.errors import BadInputError, TransientError
+from pipeline.template_diff import rewarm_set, template_hotness
+from tasks.rewarm import hotness, rewarm_repo, store_hotness
+from tasks.settings import Settings, current_settings
+from tasks.template_repos import TemplateRepo, check_sha, is_null_sha, last_sha, repo_config
+
+DELIVERY_TTL_S = 7 * 24 * 3600
+_DELIVERY = "prewarm:webhooks:delivery:{forge}:{delivery}"
+
+
+@lru_cache(maxsize=4)
+def _client(url: str) -> redis.Redis:
+    # One connection pool per worker process and URL.
+    return redis.Redis.from_url(url)
+
+
+def store_client(settings: Settings | None = None) -> redis.Redis:
+    """A client on prewarm's own Redis state."""
+    return _client((settings or current_settings()).store_redis_url)
+
+
+def claim_delivery(store: redis.Redis, forge: str, delivery: str, body: bytes) -> bool:
+    """Claim a webhook delivery once; False when it was seen before (a replay or redelivery)."""
+    ident = delivery or "body-" + hashlib.sha256(body).hexdigest()
+    key = _DELIVERY.format(forge=forge, delivery=ident[:200])
+    return bool(store.set(key, "1", nx=True, ex=DELIVERY_TTL_S))
+
+
+def release_delivery(store: redis.Redis, forge: str, delivery: str, body: bytes) -> None:
+    """Forget a claimed delivery (its task could not be queued, so the forge may retry)."""
+    ident = delivery or "body-" + hashlib.sha256(body).hexdigest()
+    store.delete(_DELIVERY.format(forge=forge, delivery=ident[:200]))
+
+
+def process_push(
+    settings: Settings, store: redis.Redis, name: str, before: str | None, after: str | None
+) -> dict[str, Any]:
+    """Sync ``name``, diff from the last processed sha to ``after`` and re-warm what changed."""
+    config = repo_config(settings, name)
+    repo = TemplateRepo(config, settings.data_dir)
+    head = repo.sync()
+    target = head if is_null_sha(after) else check_sha(after or "", "after")
+    if not repo.has_commit(target):
+        raise TransientError(f"{name}: commit {target} not fetched yet")
+    base = last_sha(store, name) or (
+        None if is_null_sha(before) else check_sha(before or "", "before")
+    )
+    if base == target:
+        return {"repo": name, "sha": target, "status": "up-to-date"}
+    changes, rejects = repo.changes(base, target)
+    plan = rewarm_set(changes, hotness(store, name), rejects)
+    record = rewarm_repo(settings, store, config, target, plan)
+    return {"repo": name, "sha": target, "base": base, "status": "committed", **_brief(record)}
+
+
+def _brief(record: dict[str, Any]) -> dict[str, Any]:
+    keep = ("warm", "retire", "changes", "rejects", "items", "retired_entries")
+    return {key: record[key] for key in keep if key in record}
+
+
+@shared_task(
+    name="prewarm.events.repo_changed",
+    acks_late=True,
+    autoretry_for=(TransientError,),
+    retry_backoff=True,
+    retry_jitter=True,
+    max_retries=5,
+)
+def repo_changed(repo: str, before: str | None = None, after: str | None = None) -> dict[str, Any]:
+    """A push reached ``repo`` (from a webhook or a poll): re-warm its changed templates."""
+    settings = current_settings()
+    return process_push(settings, store_client(settings), repo, before, after)
+
+
+@shared_task(name="prewarm.events.poll_repos", acks_late=True)
+def poll_repos() -> dict[str, Any]:
+    """Fetch every configured repository; queue ``repo_changed`` for those with new commits."""
+    settings = current_settings()
+    store = store_client(settings)
+    queued: dict[str, str] = {}
+    for config in settings.template_repos:
+        head = TemplateRepo(config, settings.data_dir).sync()
+        if last_sha(store, config.name) != head:
+            queued[config.name] = repo_changed.delay(config.name, None, head).id
+    return {"repos": len(settings.template_repos), "queued": queued}
+
+
+def _prompts(records_path: Path) -> pd.Series:
+    if not records_path.exists():
+        raise BadInputError("records file not found", where=str(records_path))
+    frame = pd.read_parquet(records_path, columns=["prompt"])
+    return frame["prompt"]
+
+
+@shared_task(name="prewarm.events.template_hotness", acks_late=True)
+def template_hotness_task(repo: str, records_path: str) -> dict[str, Any]:
+    """Match request prompts (a records Parquet file) to ``repo``'s templates by static prefix."""
+    settings = current_settings()
+    mirror = TemplateRepo(repo_config(settings, repo), settings.data_dir)
+    templates = mirror.templates_at(mirror.sync(), rejects=[])
+    counts = template_hotness(_prompts(Path(records_path)), templates.values())
+    store_hotness(store_client(settings), repo, dict(counts))
+    return {"repo": repo, "templates": len(templates), "matched": sum(counts.values())}

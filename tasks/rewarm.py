@@ -1,0 +1,177 @@
+"""Re-warm of changed templates as one transaction: new versions commit before old ones retire.
+
+Per repository, a Redis hash maps each template id to the version that is *serving*. A re-warm
+
+1. records its intent (the versions to warm and to retire) before any side effect,
+2. primes the new versions' static prefixes into the configured engines,
+3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
+4. only then deletes cache entries keyed with the retired versions.
+
+If priming fails the record says ``rolled_back`` and nothing else changed: the old versions keep
+serving, and the next push or poll tries again from the last processed sha.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import redis
+
+from pipeline.errors import EngineUnavailableError, PrewarmError
+from pipeline.keys import ROOT, safe_part
+from pipeline.plan import WarmItem
+from pipeline.template_diff import RewarmSet, rewarm_items, version_tag
+from pipeline.templates import Template
+from pipeline.wal import TxnState
+from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
+
+Primer = Callable[[Sequence[WarmItem]], None]
+
+_SERVING = "prewarm:templates:{repo}:serving"
+_TXN = "prewarm:templates:{repo}:txn:{sha}"
+_SHA = "prewarm:templates:{repo}:sha"
+_HOTNESS = "prewarm:templates:{repo}:hotness"
+_TXN_TTL_S = 7 * 24 * 3600
+_GLOB_SPECIALS = str.maketrans({c: f"\\{c}" for c in "*?[]\\"})
+
+
+def _serving_value(template: Template) -> str:
+    return json.dumps(
+        {
+            "version": template.version,
+            "tag": version_tag(template),
+            "path": template.path,
+            "kind": template.kind,
+            "static_prefix": template.static_prefix,
+        }
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def serving(store: redis.Redis, repo: str) -> dict[str, dict[str, Any]]:
+    """Template id → the serving version's record, for one repository."""
+    raw = store.hgetall(_SERVING.format(repo=repo))
+    return {_text(key): json.loads(value) for key, value in raw.items()}
+
+
+def hotness(store: redis.Redis, repo: str) -> dict[str, int]:
+    """Requests per template id seen in traffic (written by the template-hotness task)."""
+    raw = store.hgetall(_HOTNESS.format(repo=repo))
+    return {_text(key): int(value) for key, value in raw.items()}
+
+
+def store_hotness(store: redis.Redis, repo: str, counts: dict[str, int]) -> None:
+    """Replace the hotness counts of ``repo``."""
+    key = _HOTNESS.format(repo=repo)
+    with store.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        if counts:
+            pipe.hset(key, mapping=dict(counts.items()))
+        pipe.execute()
+
+
+def transaction(store: redis.Redis, repo: str, sha: str) -> dict[str, Any] | None:
+    """The re-warm record for ``sha`` in ``repo``, or None."""
+    raw = store.get(_TXN.format(repo=repo, sha=sha))
+    return json.loads(raw) if raw else None
+
+
+def _record(store: redis.Redis, key: str, record: dict[str, Any], **changes: Any) -> None:
+    record.update(changes, updated=time.time())
+    store.set(key, json.dumps(record), ex=_TXN_TTL_S)
+
+
+def retire_entries(store: redis.Redis, templates: Sequence[Template]) -> int:
+    """Delete every cache entry keyed with one of the retired versions; returns how many."""
+    deleted = 0
+    for template in templates:
+        part = safe_part(version_tag(template)).translate(_GLOB_SPECIALS)
+        pattern = f"{ROOT}:v*:t:*:*:*:{part}:*:*"
+        batch = list(store.scan_iter(match=pattern, count=1000))
+        if batch:
+            deleted += int(store.unlink(*batch))
+    return deleted
+
+
+def _commit(store: redis.Redis, repo: str, sha: str, rewarm: RewarmSet, txn_key: str) -> None:
+    warm_ids = {t.template_id for t in rewarm.warm}
+    with store.pipeline(transaction=True) as pipe:
+        for template in rewarm.warm:
+            pipe.hset(_SERVING.format(repo=repo), template.template_id, _serving_value(template))
+        for template in rewarm.retire:
+            if template.template_id not in warm_ids:
+                pipe.hdel(_SERVING.format(repo=repo), template.template_id)
+        pipe.set(_SHA.format(repo=repo), sha)
+        pipe.execute()
+
+
+def apply_rewarm(
+    store: redis.Redis,
+    repo: str,
+    sha: str,
+    rewarm: RewarmSet,
+    items: Sequence[WarmItem],
+    prime: Primer,
+) -> dict[str, Any]:
+    """Warm ``items``, commit the new versions, then retire the old ones; see the module doc."""
+    txn_key = _TXN.format(repo=repo, sha=sha)
+    record: dict[str, Any] = {"repo": repo, "sha": sha, "started": time.time(), **rewarm.summary()}
+    _record(store, txn_key, record, state=str(TxnState.APPLYING), items=len(items))
+    try:
+        prime(items)
+    except PrewarmError as exc:
+        _record(store, txn_key, record, state=str(TxnState.ROLLED_BACK), error=str(exc))
+        raise
+    _commit(store, repo, sha, rewarm, txn_key)
+    _record(store, txn_key, record, state=str(TxnState.COMMITTED), committed=time.time())
+    retired = retire_entries(store, rewarm.retire)
+    _record(store, txn_key, record, retired_entries=retired, retired_at=time.time())
+    return record
+
+
+# --- priming engines ----------------------------------------------------------------------------
+
+
+def engines_for(settings: Settings, repo: TemplateRepoSettings) -> list[EngineSettings]:
+    """Engines serving the repository's model (every engine when the repository names none)."""
+    return [e for e in settings.engines if repo.model is None or e.model == repo.model]
+
+
+def prime_prefixes(
+    engine: EngineSettings, items: Sequence[WarmItem], timeout_s: float = 30.0
+) -> None:
+    """Send each prefix once with ``max_tokens=1`` so the engine's prefix cache holds it."""
+    if not items:
+        return
+    with httpx.Client(base_url=engine.url, timeout=timeout_s) as client:
+        for item in items:
+            body = {"model": engine.model, "prompt": item.text, "max_tokens": 1, "temperature": 0}
+            try:
+                response = client.post("/v1/completions", json=body)
+            except httpx.HTTPError as exc:
+                raise EngineUnavailableError(f"{engine.name}: {exc}") from exc
+            if response.status_code >= 400:
+                raise EngineUnavailableError(f"{engine.name}: HTTP {response.status_code}")
+
+
+def rewarm_repo(
+    settings: Settings, store: redis.Redis, repo: TemplateRepoSettings, sha: str, rewarm: RewarmSet
+) -> dict[str, Any]:
+    """Re-warm one repository's changed templates on every engine that serves its model."""
+    engines = engines_for(settings, repo)
+    heat = hotness(store, repo.name)
+    per_engine = {e.name: rewarm_items(rewarm, e.model, heat) for e in engines}
+
+    def prime(_: Sequence[WarmItem]) -> None:
+        for engine in engines:
+            prime_prefixes(engine, per_engine[engine.name])
+
+    items = [item for batch in per_engine.values() for item in batch]
+    return apply_rewarm(store, repo.name, sha, rewarm, items, prime)

@@ -1,0 +1,264 @@
+"""Template changes between commits of real git repositories, and the re-warm transaction."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import git
+import pytest
+
+from pipeline.errors import BadInputError, EngineUnavailableError
+from pipeline.keys import CacheKey
+from pipeline.template_diff import ChangeKind, rewarm_set, version_tag
+from tasks.rewarm import apply_rewarm, serving, transaction
+from tasks.settings import TemplateRepoSettings
+from tasks.template_repos import TemplateRepo, last_sha
+
+pytestmark = pytest.mark.integration
+
+SUPPORT = (
+    "You are the support assistant of Acme. Be brief and polite.\n"
+    "Never promise refunds; link the policy page instead.\n"
+    "Escalate outages to the on-call engineer.\n"
+    "Customer tier: {{ tier }}\n"
+    "{{ question }}\n"
+)
+BILLING = "Billing desk. Quote the invoice number.\n{% for line in lines %}{{ line|e }}{% endfor %}"
+CHAT = "<|system|>{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+PROMPTS = "SYSTEM = 'You answer in French.'\nQA = f'Question: {question}\\nAnswer:'\n"
+
+
+class Source:
+    """A real git repository in a temporary directory that tests commit into."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.repo = git.Repo.init(root, initial_branch="main")
+        with self.repo.config_writer() as config:
+            config.set_value("user", "name", "Test").set_value("user", "email", "t@example.com")
+
+    def write(self, path: str, text: str) -> None:
+        target = self.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    def commit(self, message: str = "change") -> str:
+        self.repo.git.add("--all")
+        return self.repo.index.commit(message).hexsha
+
+
+def _tokenizer_config(default: str, tool: str) -> str:
+    return json.dumps(
+        {
+            "chat_template": [
+                {"name": "default", "template": default},
+                {"name": "tool_use", "template": tool},
+            ]
+        }
+    )
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Source:
+    src = Source(tmp_path / "src")
+    src.write("prompts/support.jinja", SUPPORT)
+    src.write("prompts/billing.j2", BILLING)
+    src.write("model/tokenizer_config.json", _tokenizer_config(CHAT, "<tools>{{ tools }}"))
+    src.write("app/prompts.py", PROMPTS)
+    src.write("README.md", "not a template {{ x }}")
+    src.commit("first")
+    return src
+
+
+def _mirror(source: Source, tmp_path: Path, **extra) -> TemplateRepo:
+    config = TemplateRepoSettings(name="acme/prompts", url=str(source.root), **extra)
+    return TemplateRepo(config, tmp_path / "data")
+
+
+def _diff(source: Source, mirror: TemplateRepo, old: str):
+    new = source.commit()
+    assert mirror.sync() == new
+    changes, rejects = mirror.changes(old, new)
+    return changes, rejects, rewarm_set(changes, rejects=rejects)
+
+
+def test_first_sync_reads_every_template(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    head = mirror.sync()
+    ids = sorted(mirror.templates_at(head))
+    assert ids == [
+        "app/prompts.py#QA", "app/prompts.py#SYSTEM", "model/tokenizer_config.json#default",
+        "model/tokenizer_config.json#tool_use", "prompts/billing.j2", "prompts/support.jinja",
+    ]  # fmt: skip
+    changes, _ = mirror.changes(None, head)
+    assert {c.kind for c in changes} == {ChangeKind.ADDED} and len(changes) == 6
+
+
+def test_text_only_edit_rewarms_only_that_template(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
+    changes, _, plan = _diff(source, mirror, old)
+    assert [(c.kind, c.template_id) for c in changes] == [
+        (ChangeKind.TEXT_ONLY, "prompts/support.jinja")
+    ]
+    assert [t.template_id for t in plan.warm] == ["prompts/support.jinja"]
+    assert [t.template_id for t in plan.retire] == ["prompts/support.jinja"]
+    assert plan.warm[0].static_prefix.startswith("You are the support assistant of Acme. Be short")
+    assert plan.warm[0].version != plan.retire[0].version
+
+
+def test_structural_edit(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write("prompts/billing.j2", BILLING.replace("line|e", "line|upper"))
+    changes, _, plan = _diff(source, mirror, old)
+    assert [(c.kind, c.template_id) for c in changes] == [
+        (ChangeKind.STRUCTURAL, "prompts/billing.j2")
+    ]
+    assert len(plan.warm) == 1 and len(plan.retire) == 1
+
+
+def test_rename_is_detected_and_keeps_content(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.repo.git.mv("prompts/support.jinja", "prompts/helpdesk.jinja")
+    changes, _, plan = _diff(source, mirror, old)
+    assert len(changes) == 1
+    (change,) = changes
+    assert change.kind == ChangeKind.RENAMED and change.edit is None
+    assert (change.old.template_id, change.new.template_id) == (
+        "prompts/support.jinja",
+        "prompts/helpdesk.jinja",
+    )
+    assert change.old.content == change.new.content
+    assert [t.template_id for t in plan.warm] == ["prompts/helpdesk.jinja"]
+
+
+def test_rename_with_a_text_edit(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.repo.git.mv("prompts/support.jinja", "prompts/helpdesk.jinja")
+    source.write("prompts/helpdesk.jinja", SUPPORT.replace("polite", "kind"))
+    (change,), _, _ = _diff(source, mirror, old)
+    assert change.kind == ChangeKind.RENAMED and change.edit == ChangeKind.TEXT_ONLY
+
+
+def test_delete_retires_without_warming(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    os.remove(source.root / "prompts/billing.j2")
+    changes, _, plan = _diff(source, mirror, old)
+    assert [(c.kind, c.template_id) for c in changes] == [
+        (ChangeKind.REMOVED, "prompts/billing.j2")
+    ]
+    assert plan.warm == () and [t.template_id for t in plan.retire] == ["prompts/billing.j2"]
+
+
+def test_chat_template_change_touches_only_the_named_template(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write(
+        "model/tokenizer_config.json", _tokenizer_config(CHAT, "<tools>{{ tools|tojson }}")
+    )
+    changes, _, plan = _diff(source, mirror, old)
+    assert [(c.kind, c.template_id) for c in changes] == [
+        (ChangeKind.STRUCTURAL, "model/tokenizer_config.json#tool_use")
+    ]
+    assert plan.warm[0].kind == "chat"
+
+
+def test_python_module_edit_touches_only_the_edited_string(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write("app/prompts.py", PROMPTS.replace("French", "German"))
+    changes, _, _ = _diff(source, mirror, old)
+    assert [(c.kind, c.template_id) for c in changes] == [
+        (ChangeKind.TEXT_ONLY, "app/prompts.py#SYSTEM")
+    ]
+
+
+def test_sandbox_escape_and_outside_symlink_are_rejected_and_old_version_kept(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write("prompts/support.jinja", "{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    (source.root / "prompts/evil.jinja").symlink_to("../../../../etc/passwd")
+    changes, rejects, plan = _diff(source, mirror, old)
+    reasons = {r.path: r.reason for r in rejects}
+    assert "sandbox escape refused" in reasons["prompts/support.jinja"]
+    assert "outside the repository" in reasons["prompts/evil.jinja"]
+    assert changes == [] and plan.warm == () and plan.retire == ()
+
+
+def test_patterns_that_leave_the_repository_are_refused(source, tmp_path):
+    with pytest.raises(BadInputError, match="leaves the repository"):
+        _mirror(source, tmp_path, patterns=("../other/**/*.jinja",))
+
+
+def test_only_configured_patterns_count(source, tmp_path):
+    mirror = _mirror(source, tmp_path, patterns=("prompts/**/*.jinja",))
+    old = mirror.sync()
+    source.write("prompts/billing.j2", "changed {{ x }}")
+    source.write("prompts/support.jinja", SUPPORT + "more")
+    changes, _, _ = _diff(source, mirror, old)
+    assert [c.template_id for c in changes] == ["prompts/support.jinja"]
+
+
+# --- the re-warm transaction on a real Redis ---------------------------------------------------
+
+
+def _old_entry(store, template) -> str:
+    key = CacheKey("response", "m", version_tag(template), "p0", "c0").render()
+    store.set(key, '{"text": "old"}')
+    return key
+
+
+def test_rewarm_commits_new_versions_before_retiring_old(source, tmp_path, store):
+    mirror = _mirror(source, tmp_path)
+    first = mirror.sync()
+    base = rewarm_set(mirror.changes(None, first)[0])
+    apply_rewarm(store, "acme/prompts", first, base, [], lambda items: None)
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
+    _, _, plan = _diff(source, mirror, first)
+    old_key = _old_entry(store, plan.retire[0])
+    seen_during_prime = []
+
+    def prime(items):
+        # While the new version is being warmed, the old one is still the one serving.
+        seen_during_prime.append(serving(store, "acme/prompts")["prompts/support.jinja"]["version"])
+
+    head = source.repo.head.commit.hexsha
+    apply_rewarm(store, "acme/prompts", head, plan, [], prime)
+    assert seen_during_prime == [plan.retire[0].version]
+    assert (
+        serving(store, "acme/prompts")["prompts/support.jinja"]["version"] == plan.warm[0].version
+    )
+    assert len(serving(store, "acme/prompts")) == 6
+    assert store.get(old_key) is None
+    assert transaction(store, "acme/prompts", head)["state"] == "committed"
+    assert last_sha(store, "acme/prompts") == head
+
+
+def test_failed_rewarm_leaves_the_old_version_serving(source, tmp_path, store):
+    mirror = _mirror(source, tmp_path)
+    first = mirror.sync()
+    apply_rewarm(
+        store, "acme/prompts", first, rewarm_set(mirror.changes(None, first)[0]), [], lambda i: None
+    )
+    before = serving(store, "acme/prompts")
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
+    _, _, plan = _diff(source, mirror, first)
+    old_key = _old_entry(store, plan.retire[0])
+
+    def prime(items):
+        raise EngineUnavailableError("engine down")
+
+    head = source.repo.head.commit.hexsha
+    with pytest.raises(EngineUnavailableError):
+        apply_rewarm(store, "acme/prompts", head, plan, [], prime)
+    assert serving(store, "acme/prompts") == before
+    assert store.get(old_key) is not None
+    assert last_sha(store, "acme/prompts") == first
+    assert transaction(store, "acme/prompts", head)["state"] == "rolled_back"
