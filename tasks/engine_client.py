@@ -1,0 +1,166 @@
+"""HTTP client of one engine's OpenAI-compatible API, for warm-up requests.
+
+The base URL comes only from settings (``EngineSettings.url``), never from a plan. Transient
+failures (connection errors, timeouts, HTTP 5xx and 429) are retried with exponential backoff
+and full jitter, then raised as :class:`EngineUnavailableError`; other 4xx are bad input.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pipeline.errors import BadInputError, EngineUnavailableError
+from pipeline.plan import WarmItem
+from tasks.settings import EngineSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a warm-up request learned: output, cache use, timing, confidence."""
+
+    text: str
+    prompt_tokens: int
+    cached_tokens: int | None
+    elapsed_s: float
+    mean_logprob: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries: ``attempts`` tries, sleeping ``base_s·2^n`` (full jitter) in between."""
+
+    attempts: int = 3
+    base_s: float = 0.05
+    cap_s: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+
+
+class EngineError(BadInputError):
+    """The engine refused a request as malformed (HTTP 4xx other than 429)."""
+
+    def __init__(self, message: str, status: int, where: str) -> None:
+        self.status = status
+        super().__init__(message, where=where)
+
+
+class EngineClient:
+    """Warm-up calls to one configured engine over a pooled keep-alive connection."""
+
+    def __init__(
+        self,
+        engine: EngineSettings,
+        *,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy = RetryPolicy(),
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.engine = engine
+        self.retry = retry
+        self.http = httpx.Client(
+            base_url=engine.url,
+            timeout=timeout_s,
+            transport=transport,
+            limits=httpx.Limits(max_connections=engine.max_concurrency),
+        )
+        self.requests = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    def post(self, path: str, payload: Mapping[str, Any]) -> httpx.Response:
+        """POST with retries on transient failures; 4xx other than 429 raise at once."""
+        for attempt in range(self.retry.attempts):
+            try:
+                self.requests += 1
+                response = self.http.post(path, json=dict(payload))
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code < 500 and response.status_code != 429:
+                    raise EngineError(response.text[:200], response.status_code, self._where(path))
+                failure = f"HTTP {response.status_code}"
+            if attempt + 1 < self.retry.attempts:
+                time.sleep(self.retry.delay(attempt))
+        raise EngineUnavailableError(f"{self._where(path)}: {failure} after retries")
+
+    def _where(self, path: str) -> str:
+        return f"engine {self.engine.name} {path}"
+
+    def complete(self, item: WarmItem, max_tokens: int = 1, logprobs: bool = False) -> Completion:
+        """One request for ``item``'s prompt, through the chat route when it has messages."""
+        payload: dict[str, Any] = {
+            "model": item.adapter or self.engine.model,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **item.params,
+        }
+        chat = item.messages is not None
+        if chat:
+            payload["messages"] = [dict(m) for m in item.messages or ()]
+            if logprobs:
+                payload["logprobs"] = True
+        else:
+            payload["prompt"] = item.text
+            if logprobs:
+                payload["logprobs"] = 1
+        started = time.perf_counter()
+        body = self.post("/v1/chat/completions" if chat else "/v1/completions", payload).json()
+        return _completion(body, time.perf_counter() - started, chat)
+
+    def loaded_models(self) -> set[str]:
+        """Model ids the engine serves now (base model and loaded adapters)."""
+        response = self.http.get("/v1/models")
+        if response.status_code >= 400:
+            raise EngineUnavailableError(f"{self._where('/v1/models')}: {response.status_code}")
+        return {card["id"] for card in response.json().get("data", [])}
+
+    def load_adapter(self, name: str, path: str) -> None:
+        self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload ``name``; an adapter already gone counts as done (undo is idempotent)."""
+        try:
+            self.post("/v1/unload_lora_adapter", {"lora_name": name})
+        except EngineError as exc:
+            if exc.status not in (400, 404):
+                raise
+
+    def embed(self, texts: list[str], model: str | None = None) -> list[list[float]]:
+        """Embeddings from the engine's ``/v1/embeddings`` route."""
+        payload = {"model": model or self.engine.model, "input": texts}
+        data = self.post("/v1/embeddings", payload).json()["data"]
+        return [row["embedding"] for row in sorted(data, key=lambda row: row["index"])]
+
+
+def _completion(body: Mapping[str, Any], elapsed: float, chat: bool) -> Completion:
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    choice = (body.get("choices") or [{}])[0]
+    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    return Completion(
+        text=text or "",
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_tokens=details.get("cached_tokens"),
+        elapsed_s=elapsed,
+        mean_logprob=_mean_logprob(choice.get("logprobs"), chat),
+    )
+
+
+def _mean_logprob(logprobs: Mapping[str, Any] | None, chat: bool) -> float | None:
+    if not logprobs:
+        return None
+    if chat:
+        values = [entry["logprob"] for entry in logprobs.get("content") or []]
+    else:
+        values = [v for v in logprobs.get("token_logprobs") or [] if v is not None]
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,137 @@
+"""Plans in Redis by id, with their options, progress and per-batch results.
+
+Messages carry a plan id and a batch number only; everything else is read from here::
+
+    pw:plan:<id>            the plan (JSON)
+    pw:plan:<id>:opts       its WarmOptions (JSON)
+    pw:plan:<id>:meta       hash: engine, batches, items, submitted, finished, counters
+    pw:plan:<id>:done       hash: batch -> result (JSON); present = the batch is finished
+    pw:plan:<id>:txn        hash: batch -> id of its latest transaction
+    pw:plan:<id>:runs       hash: batch -> times work started (redelivery is visible here)
+    pw:plan:<id>:claim:<n>  the worker running batch n (expires with its lease)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+import redis
+
+from pipeline.errors import BadInputError
+from pipeline.plan import WarmPlan
+from tasks.targets.base import WarmOptions
+from tasks.wal_store import as_text
+
+PLAN_TTL_S = 7 * 24 * 3600
+COUNTERS = ("batches_done", "committed", "rolled_back", "items_ok", "items_failed")
+
+
+def _k(plan_id: str, suffix: str = "") -> str:
+    return f"pw:plan:{plan_id}" + (f":{suffix}" if suffix else "")
+
+
+class PlanStore:
+    """Plans, options and progress in prewarm's store."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+
+    def save(self, plan: WarmPlan, engine: str, options: WarmOptions) -> int:
+        """Store ``plan`` for ``engine``; returns its number of batches."""
+        batches = len(plan.batches(options.batch_size))
+        meta = {
+            "engine": engine,
+            "batches": batches,
+            "items": len(plan.items),
+            "submitted": time.time(),
+            "state": "submitted",
+        }
+        with self.r.pipeline() as pipe:
+            pipe.set(_k(plan.plan_id), plan.to_json(), ex=PLAN_TTL_S)
+            pipe.set(_k(plan.plan_id, "opts"), json.dumps(asdict(options)), ex=PLAN_TTL_S)
+            pipe.hset(_k(plan.plan_id, "meta"), mapping={k: str(v) for k, v in meta.items()})
+            pipe.expire(_k(plan.plan_id, "meta"), PLAN_TTL_S)
+            pipe.execute()
+        return batches
+
+    def load(self, plan_id: str) -> tuple[WarmPlan, WarmOptions, str]:
+        """The plan, its options and its engine name; an unknown id is bad input."""
+        raw, opts = self.r.mget(_k(plan_id), _k(plan_id, "opts"))
+        engine = self.r.hget(_k(plan_id, "meta"), "engine")
+        if raw is None or engine is None:
+            raise BadInputError(
+                "no such plan (expired or never submitted)", where=f"plan {plan_id}"
+            )
+        options = WarmOptions.from_dict(json.loads(opts) if opts else None)
+        return WarmPlan.from_json(raw, where=f"plan {plan_id}"), options, as_text(engine)
+
+    def result(self, plan_id: str, batch: int) -> dict[str, Any] | None:
+        raw = self.r.hget(_k(plan_id, "done"), str(batch))
+        return None if raw is None else json.loads(raw)
+
+    def claim(self, plan_id: str, batch: int, owner: str, lease_s: float) -> bool:
+        """Become the one worker running ``batch``; False while another holds it."""
+        key = _k(plan_id, f"claim:{batch}")
+        return bool(self.r.set(key, owner, nx=True, px=int(lease_s * 1000)))
+
+    def renew_claim(self, plan_id: str, batch: int, lease_s: float) -> None:
+        self.r.pexpire(_k(plan_id, f"claim:{batch}"), int(lease_s * 1000))
+
+    def release(self, plan_id: str, batch: int) -> None:
+        self.r.delete(_k(plan_id, f"claim:{batch}"))
+
+    def set_txn(self, plan_id: str, batch: int, txn_id: str) -> None:
+        self.r.hset(_k(plan_id, "txn"), str(batch), txn_id)
+
+    def txn(self, plan_id: str, batch: int) -> str | None:
+        raw = self.r.hget(_k(plan_id, "txn"), str(batch))
+        return as_text(raw) if raw else None
+
+    def count_run(self, plan_id: str, batch: int) -> int:
+        return int(self.r.hincrby(_k(plan_id, "runs"), str(batch), 1))
+
+    def runs(self, plan_id: str) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self.r.hgetall(_k(plan_id, "runs")).items()}
+
+    def record_result(
+        self, pipe: redis.client.Pipeline, plan_id: str, summary: dict[str, Any]
+    ) -> None:
+        """Queue the batch result and progress counters on ``pipe`` (inside the commit MULTI)."""
+        meta = _k(plan_id, "meta")
+        pipe.hset(_k(plan_id, "done"), str(summary["batch"]), json.dumps(summary))
+        pipe.expire(_k(plan_id, "done"), PLAN_TTL_S)
+        pipe.hincrby(meta, "batches_done", 1)
+        pipe.hincrby(meta, summary["state"], 1)
+        pipe.hincrby(meta, "items_ok", summary["ok"])
+        pipe.hincrby(meta, "items_failed", summary["failed"])
+
+    def mark_finished(self, plan_id: str) -> None:
+        self.r.hset(_k(plan_id, "meta"), mapping={"state": "finished", "finished": time.time()})
+
+    def report(self, plan_id: str) -> dict[str, Any]:
+        """Progress of a plan: batches done/total, committed, rolled back, items ok/failed."""
+        meta = {as_text(k): as_text(v) for k, v in self.r.hgetall(_k(plan_id, "meta")).items()}
+        if not meta:
+            raise BadInputError(
+                "no such plan (expired or never submitted)", where=f"plan {plan_id}"
+            )
+        report: dict[str, Any] = {
+            "plan_id": plan_id,
+            "engine": meta["engine"],
+            "state": meta.get("state", "submitted"),
+            "batches": int(meta["batches"]),
+            "items": int(meta["items"]),
+        }
+        report.update({name: int(meta.get(name, 0)) for name in COUNTERS})
+        report["done"] = report["batches_done"] >= report["batches"]
+        if "finished" in meta:
+            report["seconds"] = round(float(meta["finished"]) - float(meta["submitted"]), 3)
+        return report
+
+    def results(self, plan_id: str) -> list[dict[str, Any]]:
+        """Every finished batch's result, by batch number."""
+        rows = [json.loads(v) for v in self.r.hvals(_k(plan_id, "done"))]
+        return sorted(rows, key=lambda row: row["batch"])

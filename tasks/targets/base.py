@@ -1,0 +1,90 @@
+"""What every warm-up target shares: options, the batch context, per-item results.
+
+A target turns items of one kind into effects on a cache: ``apply`` records each effect in the
+WAL before it happens and performs it; ``verify`` checks what was applied before the batch
+commits. Targets never raise for one bad item — the item fails, and the batch decides by its
+failure ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from pipeline.wal import Effect
+from tasks.engine_client import Completion, EngineClient
+from tasks.wal_store import RedisWrite, WalStore
+
+
+@dataclass(frozen=True, slots=True)
+class WarmOptions:
+    """How a plan is executed; stored with the plan in Redis (messages carry ids only)."""
+
+    batch_size: int | None = None
+    apply_chunk: int = 0  # items per WAL step inside a batch; 0 = the whole batch at once
+    verify: bool = True
+    max_failure_ratio: float = 0.5
+    retry_attempts: int = 3
+    retry_base_s: float = 0.05
+    timeout_s: float = 30.0
+    response_ttl_s: int = 24 * 3600
+    response_max_tokens: int = 32
+    min_mean_logprob: float = -2.5
+    ttft_drop: float = 0.3
+    use_wal: bool = True
+    ordered: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> WarmOptions:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+
+@dataclass
+class ItemResult:
+    """Outcome of one item in a batch."""
+
+    key: str
+    kind: str
+    ok: bool = True
+    detail: str = ""
+    prime: Completion | None = None
+    value: str | None = None
+    redis_key: str | None = None
+
+    def fail(self, detail: str) -> None:
+        self.ok, self.detail = False, detail
+
+
+@dataclass
+class BatchContext:
+    """A batch's view of the world: WAL (or none), store, engine client, options."""
+
+    store: redis.Redis
+    engine: EngineClient
+    options: WarmOptions
+    wal: WalStore | None = None
+    txn_id: str = ""
+    owner: str = ""
+    adapter_paths: dict[str, str] = field(default_factory=dict)
+
+    def record(self, effects: Sequence[Effect]) -> None:
+        """Write engine-effect records before the effects (no-op without a WAL)."""
+        if self.wal is not None:
+            self.wal.record(self.txn_id, self.owner, effects)
+
+    def next_seq(self) -> int:
+        return self.wal.next_seq(self.txn_id) if self.wal is not None else 0
+
+    def apply_redis(self, writes: Sequence[RedisWrite]) -> None:
+        """Before-images + records + writes in one MULTI (plain writes without a WAL)."""
+        if self.wal is not None:
+            self.wal.apply_redis(self.txn_id, self.owner, writes)
+            return
+        with self.store.pipeline() as pipe:
+            for w in writes:
+                pipe.set(w.key, w.value or "", ex=w.ttl_s or None)
+            pipe.execute()

@@ -1,0 +1,148 @@
+"""Warm-up execution: submit a plan, fan its batches out, report progress, recover.
+
+The entry points other parts call::
+
+    submit_plan(plan: WarmPlan, engine_name: str | None = None, *,
+                options: WarmOptions | None = None, settings: Settings | None = None) -> str
+        Store the plan in Redis and send its batches as a Celery chord (``options.ordered``:
+        a chain, batch after batch, so an engine's LRU ends with the plan's last items).
+        Returns the plan id. ``engine_name`` defaults to ``plan.engine``; it must be configured.
+
+    plan_report(plan_id: str, *, settings: Settings | None = None) -> dict
+        {plan_id, engine, state, batches, items, batches_done, committed, rolled_back,
+         items_ok, items_failed, done, [seconds]}
+
+    wait_plan(plan_id: str, timeout_s: float = 300.0, *, settings: Settings | None = None,
+              poll_s: float = 0.2) -> dict
+        Poll ``plan_report`` until every batch is done; a timeout is a TransientError.
+
+    batch_results(plan_id: str, *, settings: Settings | None = None) -> list[dict]
+    recover(*, settings: Settings | None = None) -> list[str]   # the WAL sweep, in-process
+
+Tasks (queue ``warm``): ``prewarm.warm.batch(plan_id, batch)``, ``prewarm.warm.finish``
+(chord callback), ``prewarm.warm.recover`` (the sweep; put it on beat every
+``schedule.wal_sweep_s``).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+import redis
+from celery import chain, chord, shared_task
+
+from pipeline.errors import TransientError
+from pipeline.plan import WarmPlan
+from tasks.plan_store import PlanStore
+from tasks.settings import Settings, current_settings
+from tasks.targets.base import WarmOptions
+from tasks.wal_store import LeaseLost, WalStore
+from tasks.warm_batch import BatchBusy, BatchRunner
+
+
+@lru_cache(maxsize=4)
+def _store(url: str) -> redis.Redis:
+    """One store client per process and URL (built on first use, never at import)."""
+    return redis.Redis.from_url(url)
+
+
+@lru_cache(maxsize=1)
+def _runner() -> BatchRunner:
+    settings = current_settings()
+    return BatchRunner(_store(settings.store_redis_url), settings)
+
+
+def _plans(settings: Settings | None) -> PlanStore:
+    settings = settings or current_settings()
+    return PlanStore(_store(settings.store_redis_url))
+
+
+def submit_plan(
+    plan: WarmPlan,
+    engine_name: str | None = None,
+    *,
+    options: WarmOptions | None = None,
+    settings: Settings | None = None,
+) -> str:
+    """Store ``plan`` and send its batches to the workers; returns the plan id."""
+    from tasks.celery_app import app
+
+    settings = settings or current_settings()
+    engine = settings.engine(engine_name or plan.engine).name
+    options = options or WarmOptions(batch_size=plan.budget.batch_size)
+    batches = _plans(settings).save(plan, engine, options)
+    sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True)
+            for n in range(batches)]  # fmt: skip
+    finish = app.signature("prewarm.warm.finish", (plan.plan_id,), immutable=True)
+    if not sigs:
+        finish.apply_async()
+    elif options.ordered:
+        chain(*sigs, finish).apply_async()
+    else:
+        chord(sigs)(finish)
+    return plan.plan_id
+
+
+def plan_report(plan_id: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Progress of a submitted plan."""
+    return _plans(settings).report(plan_id)
+
+
+def batch_results(plan_id: str, *, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """Per-batch results of a plan (finished batches only)."""
+    return _plans(settings).results(plan_id)
+
+
+def wait_plan(
+    plan_id: str,
+    timeout_s: float = 300.0,
+    *,
+    settings: Settings | None = None,
+    poll_s: float = 0.2,
+) -> dict[str, Any]:
+    """Block until every batch of ``plan_id`` is finished; returns the report."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = plan_report(plan_id, settings=settings)
+        if report["done"]:
+            return report
+        if time.monotonic() > deadline:
+            raise TransientError(f"plan {plan_id}: not done after {timeout_s:.0f}s ({report})")
+        time.sleep(poll_s)
+
+
+def recover(*, settings: Settings | None = None) -> list[str]:
+    """Run the WAL recovery sweep in this process; returns the rolled-back transaction ids."""
+    settings = settings or current_settings()
+    return BatchRunner(_store(settings.store_redis_url), settings).sweep()
+
+
+def wal_status(*, settings: Settings | None = None) -> dict[str, Any]:
+    """Open transactions and their leases."""
+    settings = settings or current_settings()
+    return WalStore(_store(settings.store_redis_url), settings.wal_lease_s).summary()
+
+
+@shared_task(name="prewarm.warm.batch", bind=True, acks_late=True, max_retries=20)
+def run_batch(self: Any, plan_id: str, batch: int) -> dict[str, Any]:
+    """Run one batch of a stored plan as one WAL transaction; idempotent by (plan, batch)."""
+    try:
+        return _runner().run(plan_id, batch)
+    except (BatchBusy, LeaseLost) as exc:
+        raise self.retry(exc=exc, countdown=current_settings().wal_lease_s) from exc
+
+
+@shared_task(name="prewarm.warm.finish", acks_late=True)
+def finish_plan(plan_id: str) -> dict[str, Any]:
+    """Chord callback: mark the plan finished and return its report."""
+    plans = _runner().plans
+    plans.mark_finished(plan_id)
+    return plans.report(plan_id)
+
+
+@shared_task(name="prewarm.warm.recover", acks_late=True)
+def recover_task() -> dict[str, Any]:
+    """The recovery sweep: roll back transactions whose lease expired."""
+    return {"rolled_back": _runner().sweep()}

@@ -1,0 +1,252 @@
+"""One batch of a plan as one WAL transaction: claim, begin, apply, verify, commit or roll back.
+
+Idempotent by (plan, batch): a finished batch's result is stored in the same ``MULTI`` as its
+commit, so a redelivered message finds it and does nothing. A batch whose previous attempt died
+(its claim and lease expired) has that attempt rolled back first. While a batch runs, a keeper
+thread renews its WAL lease, its claim and its engine-semaphore slot; a SIGKILL stops the
+renewals, the lease expires and the recovery sweep rolls the transaction back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from pipeline.errors import PrewarmError, TransientError
+from pipeline.plan import WarmItem
+from pipeline.wal import FINAL_STATES, TxnState
+from tasks.engine_client import EngineClient, RetryPolicy
+from tasks.engine_semaphore import EngineSemaphore
+from tasks.plan_store import PlanStore
+from tasks.settings import EngineSettings, Settings
+from tasks.targets import adapter as adapter_target
+from tasks.targets import apply_items, verify_items
+from tasks.targets.base import BatchContext, ItemResult, WarmOptions
+from tasks.wal_store import LeaseLost, WalStore, as_text
+
+
+class BatchBusy(TransientError):
+    """Another worker holds this batch (or its dead attempt's lease has not expired yet)."""
+
+
+def engine_client(engine: EngineSettings, options: WarmOptions) -> EngineClient:
+    """A client for ``engine`` with the plan's timeout and retry policy."""
+    retry = RetryPolicy(attempts=options.retry_attempts, base_s=options.retry_base_s)
+    return EngineClient(engine, timeout_s=options.timeout_s, retry=retry)
+
+
+class _Keeper(threading.Thread):
+    """Renews the lease, the claim and the semaphore slot every third of the lease."""
+
+    def __init__(self, renewals: Sequence[Any], period_s: float) -> None:
+        super().__init__(daemon=True, name="prewarm-lease")
+        self.renewals, self.period_s = renewals, period_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.period_s):
+            for renew in self.renewals:
+                # A failed renewal is retried next period; an expired lease is the sweep's job.
+                with contextlib.suppress(redis.RedisError):
+                    renew()
+
+
+@contextmanager
+def _kept_alive(*renewals: Any, period_s: float) -> Iterator[None]:
+    keeper = _Keeper(renewals, period_s)
+    keeper.start()
+    try:
+        yield
+    finally:
+        keeper.stopped.set()
+        keeper.join(timeout=5)
+
+
+def _chunks(items: Sequence[WarmItem], size: int) -> list[Sequence[WarmItem]]:
+    step = size if size > 0 else max(1, len(items))
+    return [items[i : i + step] for i in range(0, len(items), step)]
+
+
+def _summary(
+    plan_id: str, batch: int, txn_id: str, state: str, results: Sequence[ItemResult], started: float
+) -> dict[str, Any]:
+    failed = [r for r in results if not r.ok]
+    return {
+        "plan": plan_id,
+        "batch": batch,
+        "txn": txn_id,
+        "state": state,
+        "items": len(results),
+        "ok": len(results) - len(failed),
+        "failed": len(failed),
+        "failures": [f"{r.key}: {r.detail}" for r in failed[:5]],
+        "seconds": round(time.perf_counter() - started, 4),
+        "pid": os.getpid(),
+    }
+
+
+class BatchRunner:
+    """Runs batches against prewarm's store with the configured engines."""
+
+    def __init__(self, store: redis.Redis, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        self.plans = PlanStore(store)
+        self.wal = WalStore(store, settings.wal_lease_s)
+        self._clients: dict[tuple[str, float, int, float], EngineClient] = {}
+
+    def client(self, engine: EngineSettings, options: WarmOptions) -> EngineClient:
+        key = (engine.name, options.timeout_s, options.retry_attempts, options.retry_base_s)
+        if key not in self._clients:
+            self._clients[key] = engine_client(engine, options)
+        return self._clients[key]
+
+    def run(self, plan_id: str, batch: int) -> dict[str, Any]:
+        """Run batch ``batch`` of ``plan_id`` once; a finished batch returns its stored result."""
+        done = self.plans.result(plan_id, batch)
+        if done is not None:
+            return {**done, "duplicate": True}
+        plan, options, engine_name = self.plans.load(plan_id)
+        items = plan.batches(options.batch_size)[batch]
+        engine = self.settings.engine(engine_name)
+        owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._claim(plan_id, batch, owner)
+        try:
+            return self._run_claimed(plan_id, batch, items, engine, options, owner)
+        finally:
+            self.plans.release(plan_id, batch)
+
+    def _claim(self, plan_id: str, batch: int, owner: str) -> None:
+        if not self.plans.claim(plan_id, batch, owner, self.settings.wal_lease_s):
+            raise BatchBusy(f"plan {plan_id} batch {batch} is being run by another worker")
+        previous = self.plans.txn(plan_id, batch)
+        if previous and self.wal.state(previous) not in (None, *FINAL_STATES):
+            self._recover_previous(plan_id, batch, previous, owner)
+
+    def _recover_previous(self, plan_id: str, batch: int, txn_id: str, owner: str) -> None:
+        if not self.wal.take_over(txn_id, owner):
+            self.plans.release(plan_id, batch)
+            raise BatchBusy(f"plan {plan_id} batch {batch}: previous attempt still holds its lease")
+        engine = self.settings.engine(
+            as_text(self.store.hget(f"pw:wal:txn:{txn_id}", "engine") or b"")
+        )
+        undo = adapter_target.undo_for(self.client(engine, WarmOptions()))
+        self.wal.rollback(txn_id, owner, undo)
+
+    def _run_claimed(
+        self,
+        plan_id: str,
+        batch: int,
+        items: Sequence[WarmItem],
+        engine: EngineSettings,
+        options: WarmOptions,
+        owner: str,
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        client = self.client(engine, options)
+        semaphore = EngineSemaphore(
+            self.store, engine.name, engine.max_concurrency, hold_s=self.settings.wal_lease_s
+        )
+        ctx = BatchContext(
+            self.store, client, options, adapter_paths=adapter_target.adapter_paths(engine.adapters)
+        )
+        self.plans.count_run(plan_id, batch)
+        with semaphore.slot(wait_s=max(60.0, self.settings.wal_lease_s), holder=owner):
+            if not options.use_wal:
+                return self._run_plain(plan_id, batch, items, ctx, started)
+            txn = self.wal.begin(plan_id, batch, engine.name, owner)
+            self.plans.set_txn(plan_id, batch, txn.txn_id)
+            ctx.wal, ctx.txn_id, ctx.owner = self.wal, txn.txn_id, owner
+            period = self.settings.wal_lease_s / 3
+            with _kept_alive(
+                lambda: self.wal.renew(txn.txn_id, owner),
+                lambda: semaphore.renew(owner),
+                lambda: self.plans.renew_claim(plan_id, batch, self.settings.wal_lease_s),
+                period_s=period,
+            ):
+                return self._transaction(plan_id, batch, items, ctx, started)
+
+    def _run_plain(
+        self, plan_id: str, batch: int, items: Sequence[WarmItem], ctx: BatchContext, started: float
+    ) -> dict[str, Any]:
+        results = [
+            r for chunk in _chunks(items, ctx.options.apply_chunk) for r in apply_items(chunk, ctx)
+        ]
+        if ctx.options.verify:
+            verify_items(items, results, ctx)
+        summary = _summary(plan_id, batch, "", "committed", results, started)
+        with self.store.pipeline() as pipe:
+            self.plans.record_result(pipe, plan_id, summary)
+            pipe.execute()
+        return summary
+
+    def _transaction(
+        self, plan_id: str, batch: int, items: Sequence[WarmItem], ctx: BatchContext, started: float
+    ) -> dict[str, Any]:
+        wal, txn_id, owner = self.wal, ctx.txn_id, ctx.owner
+        results: list[ItemResult] = []
+        undo = adapter_target.undo_for(ctx.engine)
+        try:
+            wal.move(txn_id, owner, TxnState.APPLYING)
+            for chunk in _chunks(items, ctx.options.apply_chunk):
+                results.extend(apply_items(chunk, ctx))
+            wal.move(txn_id, owner, TxnState.VERIFYING)
+            if ctx.options.verify:
+                verify_items(items, results, ctx)
+        except LeaseLost:
+            raise
+        except PrewarmError as exc:
+            results = results or [ItemResult(i.key, i.kind, False, str(exc)) for i in items]
+            return self._roll_back(plan_id, batch, results, ctx, started, undo)
+        failed = sum(1 for r in results if not r.ok)
+        if results and failed / len(results) > ctx.options.max_failure_ratio:
+            return self._roll_back(plan_id, batch, results, ctx, started, undo)
+        summary = _summary(plan_id, batch, txn_id, "committed", results, started)
+        restore = [r.redis_key for r in results if not r.ok and r.redis_key]
+        wal.finish(
+            txn_id,
+            owner,
+            TxnState.COMMITTED,
+            restore,
+            extra=lambda pipe: self.plans.record_result(pipe, plan_id, summary),
+        )
+        return summary
+
+    def _roll_back(
+        self,
+        plan_id: str,
+        batch: int,
+        results: Sequence[ItemResult],
+        ctx: BatchContext,
+        started: float,
+        undo: Any,
+    ) -> dict[str, Any]:
+        summary = _summary(plan_id, batch, ctx.txn_id, "rolled_back", results, started)
+        try:
+            self.wal.rollback(
+                ctx.txn_id,
+                ctx.owner,
+                undo,
+                extra=lambda pipe: self.plans.record_result(pipe, plan_id, summary),
+            )
+        except PrewarmError as exc:
+            # An undo step failed (engine down): the lease runs out and the sweep finishes it.
+            summary.update(state="rollback_pending", error=str(exc))
+        return summary
+
+    def sweep(self) -> list[str]:
+        """Roll back every transaction whose lease expired (the recovery sweep)."""
+
+        def undo_for(engine_name: str) -> Any:
+            engine = self.settings.engine(engine_name)
+            return adapter_target.undo_for(self.client(engine, WarmOptions()))
+
+        return self.wal.sweep(undo_for)

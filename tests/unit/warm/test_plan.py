@@ -1,0 +1,95 @@
+"""Plans: scores, budgets, tenant shares, profile representatives, priming order."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import BadInputError
+from pipeline.plan import (
+    EngineCost,
+    PlanBudget,
+    WarmItem,
+    WarmPlan,
+    build_plan,
+    priming_order,
+    score_item,
+    with_cache_salt,
+)
+
+COST = EngineCost(prefill_s_per_token=1e-3, request_overhead_s=0.01)
+
+
+def item(key, hits, tokens=100, tenant="default", profile=None, **kw):
+    return WarmItem("prefix", key, "m", text=f"text {key}", tenant=tenant, tokens=tokens,
+                    predicted_hits=hits, profile=profile, **kw)  # fmt: skip
+
+
+def test_score_is_time_saved_minus_warm_cost():
+    a = item("a", hits=10, tokens=200)
+    assert score_item(a, COST) == pytest.approx(10 * 0.2 - (0.2 + 0.01))
+    assert score_item(a, COST, weight=2.0) > score_item(a, COST)
+    assert score_item(item("cold", hits=0), COST) < 0
+
+
+def test_token_budget_keeps_the_most_valuable_and_primes_it_last():
+    cands = [item("small", 3, 100), item("big", 9, 400), item("mid", 5, 300), item("cold", 0, 50)]
+    plan = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700), COST)
+    keys = [i.key for i in plan.items]
+    assert set(keys) == {"big", "mid"}  # 700 tokens: the two best; the cold one scores < 0
+    assert keys[-1] == "big"
+    assert plan.tokens <= 700
+    assert plan.dropped == 2
+
+
+def test_item_and_time_budgets():
+    cands = [item(str(n), hits=n + 1) for n in range(10)]
+    assert len(build_plan("e", cands, PlanBudget(max_items=3), COST).items) == 3
+    # each item costs 0.11 s at concurrency 1: 0.35 s fits three
+    timed = build_plan("e", cands, PlanBudget(max_seconds=0.35, concurrency=1), COST)
+    assert len(timed.items) == 3
+
+
+def test_tenant_shares_and_weights():
+    cands = [item(f"a{n}", 10, tenant="a") for n in range(5)] + [
+        item(f"b{n}", 3, tenant="b") for n in range(5)
+    ]
+    plan = build_plan("e", cands, PlanBudget(max_items=4), COST, shares={"a": 0.5, "b": 0.5})
+    tenants = [i.tenant for i in plan.items]
+    assert tenants.count("a") == 2 and tenants.count("b") == 2
+    weighted = build_plan("e", cands, PlanBudget(max_items=4), COST, weights={"b": 100.0})
+    assert all(i.tenant == "b" for i in weighted.items)
+
+
+def test_every_profile_keeps_a_representative_even_when_cold():
+    cands = [item(f"hot{n}", 50, profile="chat") for n in range(5)] + [
+        item("batch-rep", 0, profile="batch"),
+        item("batch-2", 0, profile="batch"),
+    ]
+    plan = build_plan("e", cands, PlanBudget(max_items=3), COST)
+    profiles = [i.profile for i in plan.items]
+    assert profiles.count("batch") == 1 and profiles.count("chat") == 2
+
+
+def test_soonest_needed_is_primed_last():
+    later = item("later", 5, next_use_s=100.0)
+    sooner = item("sooner", 1, next_use_s=5.0)
+    assert [i.key for i in priming_order([sooner, later])] == ["later", "sooner"]
+
+
+def test_plan_json_round_trip_and_bad_input():
+    chat = WarmItem("prefix", "c", "m", messages=({"role": "system", "content": "be brief"},),
+                    endpoint="chat", tokens=3, predicted_hits=2)  # fmt: skip
+    plan = build_plan("e", [item("a", 5), chat], PlanBudget(), COST)
+    again = WarmPlan.from_json(plan.to_json())
+    assert again == plan
+    with pytest.raises(BadInputError, match=r"items\[0\]"):
+        WarmPlan.from_json('{"plan_id": "p", "engine": "e", "items": [{"kind": "nope"}]}')
+    with pytest.raises(BadInputError):
+        WarmItem("prefix", "x", "m")
+
+
+def test_cache_salt_only_with_tenant_isolation():
+    plan = build_plan("e", [item("a", 5, tenant="acme")], PlanBudget(), COST)
+    assert "cache_salt" not in plan.items[0].params
+    salted = with_cache_salt(plan, isolate_tenants=True)
+    assert salted.items[0].params["cache_salt"] == "acme"

@@ -1,0 +1,79 @@
+"""Shared-prefix detection from records."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.prefix import prefix_chain
+from pipeline.prefixes import detect_prefixes, frequency_forecast, prefix_items
+from pipeline.records import records_frame
+
+SYSTEM = "You are a careful assistant for the billing team. " * 8
+OTHER = "Translate the following support ticket into plain English please. " * 6
+
+
+def _records(prompts, tenant="t1", start="2026-01-01T00:00:00Z", step_s=60):
+    ts = pd.Timestamp(start)
+    rows = [
+        {
+            "ts": ts + pd.Timedelta(seconds=i * step_s),
+            "prompt": p,
+            "model": "m",
+            "tenant": tenant,
+            "endpoint": "completions",
+        }
+        for i, p in enumerate(prompts)
+    ]
+    return records_frame(rows)
+
+
+def test_finds_the_shared_heads_cut_at_block_boundaries():
+    prompts = [SYSTEM + f"Question {n}: why is invoice {n * 7} late?" for n in range(6)]
+    prompts += [OTHER + f"Ticket {n} says the app crashed on {n} screens" for n in range(3)]
+    prompts += ["a lonely prompt that nobody else shares with anything at all " * 3]
+    found = detect_prefixes(_records(prompts))
+    assert [p.count for p in found] == [6, 3]
+    head = found[0]
+    assert SYSTEM.startswith(head.text) or head.text.startswith(SYSTEM[: len(head.text)])
+    ends = {b.end for b in prefix_chain(prompts[0])}
+    assert len(head.text) in ends
+    assert head.tokens % 16 == 0 and head.tokens >= 64
+
+
+def test_counts_per_window_and_frequency_forecast():
+    prompts = [SYSTEM + f"q{n} " * 3 for n in range(8)]
+    found = detect_prefixes(_records(prompts, step_s=100), window_s=300)
+    windows = found[0].windows
+    assert sum(windows.values()) == 8 and len(windows) == 3
+    assert frequency_forecast({0: 4, 1: 0, 2: 4}, alpha=0.5) == 0.5 * 4 + 0.25 * 0 + 0.125 * 4
+    items = prefix_items(found)
+    assert items[0].kind == "prefix" and items[0].predicted_hits > 0
+    assert items[0].next_use_s is not None
+
+
+def test_tenants_are_separate_items():
+    prompts = [SYSTEM + f"q{n} " * 3 for n in range(3)]
+    frame = pd.concat([_records(prompts, "a"), _records(prompts, "b")], ignore_index=True)
+    found = detect_prefixes(frame)
+    assert sorted(p.tenant for p in found) == ["a", "b"]
+
+
+def test_chat_records_keep_their_system_messages():
+    frame = _records([None] * 4)
+    frame["endpoint"] = "chat"
+    frame["messages"] = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"hi {n}"}]
+        for n in range(4)
+    ]
+    found = detect_prefixes(frame)
+    assert len(found) == 1 and found[0].messages == ({"role": "system", "content": SYSTEM},)
+    item = prefix_items(found)[0]
+    assert item.endpoint == "chat" and item.messages is not None
+
+
+def test_rendered_chat_prompts_skip_the_second_bos():
+    prompts = ["<s>[SYS] " + SYSTEM + f"[USER] q{n} " * 3 for n in range(3)]
+    frame = _records(prompts)
+    frame["endpoint"] = "chat"
+    item = prefix_items(detect_prefixes(frame))[0]
+    assert item.endpoint == "completions" and item.params == {"add_special_tokens": False}
