@@ -69,11 +69,17 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class WorkerProcess:
     """A real ``celery worker`` subprocess on every prewarm queue."""
 
-    def __init__(self, log_path: Path, env: dict[str, str] | None = None, concurrency: int = 2):
+    def __init__(
+        self,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        concurrency: int = 2,
+        queues: str = "ingest,model,warm,events",
+    ):
         self.log_path = log_path
         cmd = [
             sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "worker",
-            "-Q", "ingest,model,warm,events", "--pool", "prefork", "-c", str(concurrency),
+            "-Q", queues, "--pool", "prefork", "-c", str(concurrency),
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"test-{os.getpid()}-{time.monotonic_ns()}@%h", "--loglevel", "INFO",
         ]  # fmt: skip
