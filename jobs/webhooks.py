@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tasks.events import claim_delivery, release_delivery, repo_changed, store_client
+from tasks.events import claim_delivery, queue_repo_changed, release_delivery, store_client
 from tasks.settings import Settings, TemplateRepoSettings, current_settings
 
 MAX_BODY_BYTES = 1024 * 1024  # GitHub caps payloads at 25 MB; a push of templates is far smaller
@@ -236,10 +236,6 @@ class WebhookReceiver:
             raise
 
 
-def _celery_enqueue(repo: str, before: str | None, after: str | None) -> str:
-    return str(repo_changed.delay(repo, before, after).id)
-
-
 def _endpoint(receiver: Callable[[], WebhookReceiver], forge: Forge) -> Callable[..., Any]:
     async def handle(request: Request) -> JSONResponse:
         try:
@@ -266,7 +262,10 @@ def webhook_routes(
             resolved = settings or current_settings()
             built.append(
                 WebhookReceiver(
-                    resolved, store or store_client(resolved), enqueue or _celery_enqueue, max_body
+                    resolved,
+                    store or store_client(resolved),
+                    enqueue or queue_repo_changed,
+                    max_body,
                 )
             )
         return built[0]

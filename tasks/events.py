@@ -18,6 +18,7 @@ from celery import shared_task
 
 from pipeline.errors import BadInputError, TransientError
 from pipeline.template_diff import rewarm_set, template_hotness
+from tasks.celery_app import app
 from tasks.rewarm import hotness, rewarm_repo, store_hotness
 from tasks.settings import Settings, current_settings
 from tasks.template_repos import TemplateRepo, check_sha, is_null_sha, last_sha, repo_config
@@ -90,6 +91,15 @@ def repo_changed(repo: str, before: str | None = None, after: str | None = None)
     return process_push(settings, store_client(settings), repo, before, after)
 
 
+def queue_repo_changed(
+    repo: str, before: str | None, after: str | None, queue: str | None = None
+) -> str:
+    """Queue ``repo_changed`` on prewarm's app (not a thread's default app); returns the task id."""
+    options = {"queue": queue} if queue else {}
+    task = app.tasks["prewarm.events.repo_changed"]
+    return str(task.apply_async((repo, before, after), **options).id)
+
+
 @shared_task(name="prewarm.events.poll_repos", acks_late=True)
 def poll_repos() -> dict[str, Any]:
     """Fetch every configured repository; queue ``repo_changed`` for those with new commits."""
@@ -99,7 +109,7 @@ def poll_repos() -> dict[str, Any]:
     for config in settings.template_repos:
         head = TemplateRepo(config, settings.data_dir).sync()
         if last_sha(store, config.name) != head:
-            queued[config.name] = repo_changed.delay(config.name, None, head).id
+            queued[config.name] = queue_repo_changed(config.name, None, head)
     return {"repos": len(settings.template_repos), "queued": queued}
 
 

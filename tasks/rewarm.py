@@ -3,7 +3,8 @@
 Per repository, a Redis hash maps each template id to the version that is *serving*. A re-warm
 
 1. records its intent (the versions to warm and to retire) before any side effect,
-2. primes the new versions' static prefixes into the configured engines,
+2. primes the new versions' static prefixes into the configured engines, each engine's items as
+   one transaction in the warm-up WAL (``tasks.warm_batch``),
 3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
 4. only then deletes cache entries keyed with the retired versions.
 
@@ -18,16 +19,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
 import redis
 
 from pipeline.errors import EngineUnavailableError, PrewarmError
 from pipeline.keys import ROOT, safe_part
-from pipeline.plan import WarmItem
+from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
 from pipeline.template_diff import RewarmSet, rewarm_items, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
+from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
+from tasks.targets.base import WarmOptions
+from tasks.warm_batch import BatchRunner
 
 Primer = Callable[[Sequence[WarmItem]], None]
 
@@ -144,21 +147,23 @@ def engines_for(settings: Settings, repo: TemplateRepoSettings) -> list[EngineSe
     return [e for e in settings.engines if repo.model is None or e.model == repo.model]
 
 
-def prime_prefixes(
-    engine: EngineSettings, items: Sequence[WarmItem], timeout_s: float = 30.0
-) -> None:
-    """Send each prefix once with ``max_tokens=1`` so the engine's prefix cache holds it."""
-    if not items:
-        return
-    with httpx.Client(base_url=engine.url, timeout=timeout_s) as client:
-        for item in items:
-            body = {"model": engine.model, "prompt": item.text, "max_tokens": 1, "temperature": 0}
-            try:
-                response = client.post("/v1/completions", json=body)
-            except httpx.HTTPError as exc:
-                raise EngineUnavailableError(f"{engine.name}: {exc}") from exc
-            if response.status_code >= 400:
-                raise EngineUnavailableError(f"{engine.name}: HTTP {response.status_code}")
+def run_in_wal(
+    settings: Settings, store: redis.Redis, engine: EngineSettings, items: Sequence[WarmItem]
+) -> dict[str, Any]:
+    """Warm ``items`` on ``engine`` as one WAL transaction (one batch), in this process.
+
+    The re-warm needs the outcome before it may flip the serving versions, and a task must not
+    wait on other tasks, so the batch runs here rather than as a chord.
+    """
+    plan = WarmPlan(new_plan_id(), engine.name, tuple(items), PlanBudget(batch_size=len(items)))
+    options = WarmOptions(batch_size=len(items))
+    PlanStore(store).save(plan, engine.name, options)
+    summary = BatchRunner(store, settings).run(plan.plan_id, 0)
+    if summary.get("state") != "committed":
+        raise EngineUnavailableError(
+            f"re-warm on {engine.name} {summary.get('state')}: {summary.get('failures')}"
+        )
+    return summary
 
 
 def rewarm_repo(
@@ -171,7 +176,8 @@ def rewarm_repo(
 
     def prime(_: Sequence[WarmItem]) -> None:
         for engine in engines:
-            prime_prefixes(engine, per_engine[engine.name])
+            if per_engine[engine.name]:
+                run_in_wal(settings, store, engine, per_engine[engine.name])
 
     items = [item for batch in per_engine.values() for item in batch]
     return apply_rewarm(store, repo.name, sha, rewarm, items, prime)

@@ -1,0 +1,62 @@
+"""Push → webhook → re-warm → the new version is served, on a real worker and the simulator."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tasks.rewarm import serving
+from tests.integration.rewarm_stack import REPO, rewarm_stack
+
+pytestmark = pytest.mark.integration
+
+HEAD = (
+    "You are the billing assistant of Acme Corporation. Answer in two sentences at most, quote "
+    "the invoice number, never promise a refund, and link the billing policy page when asked "
+    "about charges that look wrong. "
+)
+SUPPORT = HEAD + "Customer: {{ customer }}\nQuestion: {{ question }}\n"
+OTHER = (
+    "Translate the following text into formal French, keeping names unchanged. " * 3 + "{{ text }}"
+)
+
+
+def _cached_tokens(url: str, prompt: str) -> int:
+    body = {"model": "sim-llm", "prompt": prompt, "max_tokens": 1}
+    usage = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["usage"]
+    return int(usage["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_push_webhook_rewarms_and_serves_the_new_version(
+    tmp_path, celery_app_configured, store_url
+):
+    files = {"prompts/billing.jinja": SUPPORT, "prompts/translate.jinja": OTHER}
+    with rewarm_stack(tmp_path, store_url, files) as stack:
+        first = stack.source.head.commit.hexsha
+        assert stack.push_webhook("0" * 40, first).status_code == 202
+        assert stack.wait_txn(first)["state"] == "committed"
+        old = serving(stack.store, REPO)["prompts/billing.jinja"]
+        assert len(serving(stack.store, REPO)) == 2
+
+        edited = SUPPORT.replace("two sentences", "one sentence")
+        second = stack.commit({"prompts/billing.jinja": edited})
+        response = stack.push_webhook(first, second)
+        assert response.status_code == 202 and response.json()["task_id"]
+        record = stack.wait_txn(second)
+        assert record["state"] == "committed", record
+        assert record["warm"] == ["prompts/billing.jinja"] and record["items"] == 1
+
+        now = serving(stack.store, REPO)
+        assert now["prompts/billing.jinja"]["version"] != old["version"]
+        assert (
+            now["prompts/translate.jinja"] == serving(stack.store, REPO)["prompts/translate.jinja"]
+        )
+        new_head = now["prompts/billing.jinja"]["static_prefix"]
+        assert "one sentence" in new_head
+        # The engine already holds the new version's head: a real request hits the cache.
+        prompt = new_head + "Customer: Bob\nQuestion: why was I charged twice?\n"
+        assert _cached_tokens(stack.engine_url, prompt) >= 16
+
+        # The same delivery content again (a new delivery id) finds nothing left to do.
+        again = stack.push_webhook(first, second)
+        assert again.status_code == 202
