@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,6 +287,27 @@ def replica_event(
     moved = (
         previous.start_time is not None
         and current.start_time is not None
-        and abs(current.start_time - previous.start_time) > 1.0
+        # Any change: scrapes of one process report the very same start time.
+        and current.start_time != previous.start_time
     )
     return TriggerEvent(REPLICA_RESTARTED, current.engine, current.ts, detail) if moved else None
+
+
+def samples_from_stats(rows: Iterable[Mapping[str, Any]]) -> list[EngineSample]:
+    """Engine samples from the stats-line metrics rows of an ingested vLLM log.
+
+    Those lines carry a hit *rate* (not counters) and the waiting queue, once per interval.
+    """
+    samples = []
+    for row in rows:
+        rate, ts = row.get("prefix_cache_hit_rate"), row.get("ts")
+        if rate is None or ts is None or (isinstance(rate, float) and math.isnan(rate)):
+            continue
+        stamp = ts.timestamp() if hasattr(ts, "timestamp") else float(ts)
+        waiting = row.get("waiting")
+        samples.append(
+            EngineSample(
+                str(row.get("instance", "log")), stamp, waiting=waiting, hit_rate=float(rate)
+            )
+        )
+    return samples

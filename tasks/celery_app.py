@@ -19,6 +19,7 @@ QUEUES = ("ingest", "model", "warm", "events")
 TASK_MODULES = [
     "tasks.health",
     "tasks.events",
+    "tasks.engine_watch",
     "tasks.warm",
 ]
 

@@ -146,3 +146,26 @@ def test_replica_ready_and_restart():
     assert replica_event(None, up).kind == "replica_ready"
     assert replica_event(up, same) is None
     assert replica_event(same, restarted).kind == "replica_restarted"
+
+
+def test_stats_line_rows_feed_the_hit_rate_detector():
+    import pandas as pd
+
+    from pipeline.triggers import samples_from_stats
+
+    times = pd.date_range("2025-01-01", periods=12, freq="10s", tz="UTC")
+    rates = [0.7] * 11 + [0.1]
+    rows = [
+        {"ts": t, "instance": "vllm-0", "prefix_cache_hit_rate": r, "waiting": 3.0}
+        for t, r in zip(times, rates, strict=True)
+    ]
+    rows.insert(3, {"ts": times[3], "instance": "vllm-0", "running": 2.0})  # a row without a rate
+    samples = samples_from_stats(rows)
+    assert len(samples) == 12 and samples[0].engine == "vllm-0"
+    detector = HitRateDropDetector(drop=0.4)
+    fired = [e for e in map(detector.observe, samples) if e]
+    assert (
+        len(fired) == 1
+        and fired[0].ts == times[-1].timestamp()
+        and fired[0].detail["waiting"] == 3.0
+    )

@@ -1,0 +1,88 @@
+"""Replica start-up and restart on the simulator: observed, and warmed at once."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from jobs.simulator import SimulatorConfig, SimulatorServer
+from jobs.watchers import Watcher
+from pipeline.template_diff import rewarm_set
+from pipeline.templates import jinja_template
+from pipeline.triggers import TriggerEvent
+from tasks.engine_watch import observe, parse_metrics
+from tasks.plan_store import PlanStore
+from tasks.rewarm import apply_rewarm
+from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
+from tasks.warm_batch import BatchRunner
+
+pytestmark = pytest.mark.integration
+
+HEAD = "You are the claims assistant of Acme Insurance. Ask for the policy number first, " * 2
+
+
+def _settings(url: str, broker_url: str, store_url: str) -> Settings:
+    engine = EngineSettings(name="sim", url=url, model="sim-llm", kind="simulator")
+    repo = TemplateRepoSettings(name="acme/prompts", url="/unused")
+    return Settings(
+        redis_url=broker_url, store_url=store_url, engines=(engine,), template_repos=(repo,)
+    )
+
+
+def _serve_template(store) -> None:
+    template = jinja_template("claims.jinja", "claims.jinja", "jinja", HEAD + "{{ question }}")
+    from pipeline.template_diff import ChangeKind, TemplateChange
+
+    plan = rewarm_set([TemplateChange(ChangeKind.ADDED, None, template)])
+    apply_rewarm(store, "acme/prompts", "a" * 40, plan, [], lambda items: None)
+
+
+def _cached(url: str, prompt: str) -> int:
+    body = {"model": "sim-llm", "prompt": prompt, "max_tokens": 1}
+    return httpx.post(f"{url}/v1/completions", json=body).json()["usage"]["prompt_tokens_details"][
+        "cached_tokens"
+    ]
+
+
+def test_metrics_of_the_simulator_parse():
+    with SimulatorServer(SimulatorConfig()) as sim:
+        httpx.post(f"{sim.url}/v1/completions", json={"prompt": "hello " * 40, "max_tokens": 1})
+        text = httpx.get(f"{sim.url}/metrics").text
+        sample = parse_metrics("sim", text, 0.0)
+        replica, scraped = observe(EngineSettings(name="sim", url=sim.url, model="sim-llm"))
+    assert sample.prefix_queries and sample.prefix_queries >= 40
+    assert sample.start_time and sample.start_time > 1e9
+    assert sample.ttft_buckets and sample.ttft_buckets[-1][1] >= 1
+    assert replica.ready and replica.models[0] == "sim-llm" and scraped is not None
+
+
+def test_unreachable_replica_is_not_ready():
+    replica, sample = observe(EngineSettings(name="x", url="http://127.0.0.1:9", model="m"), 0.5)
+    assert not replica.healthy and sample is None
+
+
+def test_ready_and_restarted_replicas_are_warmed_at_once(
+    celery_app_configured, broker_url, store_url, store
+):
+    with SimulatorServer(SimulatorConfig()) as sim:
+        settings = _settings(sim.url, broker_url, store_url)
+        _serve_template(store)
+        events: list[TriggerEvent] = []
+        watcher = Watcher(settings, store, on_event=events.append)
+
+        fired = watcher.poll()
+        assert [f["kind"] for f in fired] == ["replica_ready"]
+        plan, _, engine = PlanStore(store).load(fired[0]["plan_id"])
+        assert engine == "sim" and [i.text for i in plan.items] == [HEAD]
+        assert BatchRunner(store, settings).run(plan.plan_id, 0)["state"] == "committed"
+        assert _cached(sim.url, HEAD + "Where is my claim?") >= 16
+
+        assert watcher.poll() == []  # still the same process: nothing to do
+
+        sim.restart()
+        assert _cached(sim.url, HEAD + "Where is my claim?") == 0  # a fresh replica is cold
+        fired = watcher.poll()
+        assert [f["kind"] for f in fired] == ["replica_restarted"]
+        assert BatchRunner(store, settings).run(fired[0]["plan_id"], 0)["state"] == "committed"
+        assert _cached(sim.url, HEAD + "Is my claim approved?") >= 16
+    assert events == []
