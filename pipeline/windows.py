@@ -124,13 +124,17 @@ def infer_window(counts: pd.DataFrame) -> pd.Timedelta:
     return pd.Timedelta(gaps.min())
 
 
-def _dense_grid(counts: pd.DataFrame, step: pd.Timedelta, min_total: int) -> pd.DataFrame:
-    """Every item from its first window to the last window of all, zero-filled."""
+def _dense_grid(
+    counts: pd.DataFrame, step: pd.Timedelta, min_total: int, horizon: int
+) -> pd.DataFrame:
+    """Every item from its first window to ``horizon`` windows after its last (or to the last
+    window of all, if sooner), zero-filled."""
     totals = counts.groupby(KEYS, observed=True)["requests"].transform("sum")
     counts = counts[totals >= min_total]
-    first = counts.groupby(KEYS, observed=True, sort=True)["window_start"].min()
-    last = pd.to_datetime(counts["window_start"], utc=True).max()
-    spans = ((last - first) // step).astype("int64").to_numpy() + 1
+    seen = counts.groupby(KEYS, observed=True, sort=True)["window_start"]
+    first, last_seen = seen.min(), seen.max()
+    end = (last_seen + horizon * step).clip(upper=pd.to_datetime(counts["window_start"]).max())
+    spans = ((end - first) // step).astype("int64").to_numpy() + 1
     if spans.sum() > MAX_GRID_ROWS:
         raise BadInputError(
             f"{spans.sum()} item-window rows; raise min_total_requests", where="window_features"
@@ -161,7 +165,9 @@ def window_features(
 ) -> pd.DataFrame:
     """Lag and rolling features of ``requests`` on a dense item × window grid.
 
-    Each item runs from its first window with a request to the last window of all, zero-filled.
+    Each item runs from its first window with a request to the last window of all, zero-filled,
+    but no further than ``max(lags + rolling)`` windows after its last request (past that
+    every lag and mean is zero: the rows would only cost memory).
     At window *t*: ``lag_k`` = requests at *t-k*; ``roll_mean_w`` = mean over *t-w+1 .. t*;
     ``seen_windows`` = windows up to *t* with a request; ``windows_since_seen`` = windows since
     the last one (0 when *t* has requests); ``share`` = the item's share of its kind's requests
@@ -171,7 +177,8 @@ def window_features(
     if counts.empty:
         return counts.copy()
     step = pd.Timedelta(window) if window is not None else infer_window(counts)
-    grid = _dense_grid(counts, step, min_total_requests)
+    horizon = max([*lags, *rolling, 1])
+    grid = _dense_grid(counts, step, min_total_requests, horizon)
     grid = grid.sort_values([*KEYS, "window_start"], ignore_index=True)
     group = grid.groupby(KEYS, observed=True, sort=False)["requests"]
     for k in lags:

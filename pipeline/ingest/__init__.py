@@ -1,1 +1,103 @@
-"""Ingestion: vLLM and TGI logs and request traces become RequestRecords, metrics and windows."""
+"""Ingestion: vLLM and TGI logs and request traces become RequestRecords, metrics and windows.
+
+``ingest_paths(paths, options)`` reads files (any mix of formats, ``.gz`` included), detects
+each file's format (or takes ``options.format``), and returns an :class:`IngestResult`:
+
+* ``records`` — canonical RequestRecords (:mod:`pipeline.records`);
+* ``metrics`` — the engine-metrics time series from vLLM stats lines: ``ts``, ``source``,
+  ``instance`` (file name, plus ``/Engine 000`` where logged), ``prompt_throughput`` and
+  ``throughput`` (generation, tokens/s), ``running``, ``waiting``, ``swapped``, ``deferred``,
+  ``preemptions``, ``kv_usage``, ``cpu_kv_usage``, ``prefix_cache_hit_rate``,
+  ``cpu_prefix_cache_hit_rate``, ``external_prefix_cache_hit_rate``, ``mm_cache_hit_rate``
+  (usages and rates as fractions 0..1; missing where the line has no such part);
+* ``windows`` — item × window counts with lag / rolling features (:mod:`pipeline.windows`),
+  or ``None`` when nothing was counted;
+* ``summary`` — one :class:`FileSummary` per file: format, records, lines, rejected lines by
+  reason with ``file:line`` samples, ignored lines by kind, assumptions made.
+
+Trace formats and prewarm's own JSONL request format are described in
+:mod:`pipeline.ingest.traces`; the vLLM year/zone defaults in :class:`IngestOptions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.ingest.chunk import METRIC_FIELDS
+from pipeline.ingest.options import IngestOptions
+from pipeline.ingest.run import Progress, run_ingest
+from pipeline.ingest.sinks import MemorySink, combine_counts
+from pipeline.ingest.state import IngestState
+from pipeline.ingest.summary import FileSummary
+from pipeline.records import records_frame
+from pipeline.windows import window_features
+
+__all__ = ["FileSummary", "IngestOptions", "IngestResult", "IngestState", "ingest_paths"]
+
+
+@dataclass
+class IngestResult:
+    """Records, engine metrics, windows and the per-file summary of one ingest run."""
+
+    records: pd.DataFrame
+    metrics: pd.DataFrame
+    windows: pd.DataFrame | None
+    summary: list[FileSummary] = field(default_factory=list)
+
+    def summary_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: totals and one entry per file."""
+        files = [s.to_dict() for s in self.summary]
+        return {
+            "files": files,
+            "records": len(self.records),
+            "metrics": len(self.metrics),
+            "rejected": sum(sum(f["rejected"].values()) for f in files),
+        }
+
+
+def empty_metrics() -> pd.DataFrame:
+    """A metrics frame with no rows."""
+    frame = pd.DataFrame({c: pd.Series(dtype="Float64") for c in METRIC_FIELDS})
+    frame["ts"] = frame["ts"].astype("datetime64[us, UTC]")
+    frame[["source", "instance"]] = frame[["source", "instance"]].astype("string")
+    return frame
+
+
+def metrics_result(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """All metrics rows, in time order."""
+    if not parts:
+        return empty_metrics()
+    return pd.concat(parts, ignore_index=True).sort_values("ts", kind="stable", ignore_index=True)
+
+
+def windows_result(counts: list[pd.DataFrame], window: str) -> pd.DataFrame | None:
+    """Counts of every chunk summed, with features; ``None`` when nothing was counted."""
+    combined = combine_counts(counts)
+    if combined.empty:
+        return None
+    return window_features(combined, window=window)
+
+
+def ingest_paths(
+    paths: Iterable[str | Path],
+    options: IngestOptions | None = None,
+    state: IngestState | None = None,
+    progress: Progress | None = None,
+) -> IngestResult:
+    """Ingest files and folders; with ``state``, read only what is new since the last run."""
+    options = options or IngestOptions()
+    sink = MemorySink(options.window)
+    summaries = run_ingest(paths, options, sink, state, progress)
+    records = pd.concat(sink.records, ignore_index=True) if sink.records else records_frame([])
+    records = records.sort_values("ts", kind="stable", ignore_index=True)
+    return IngestResult(
+        records,
+        metrics_result(sink.metrics),
+        windows_result(sink.counts, options.window),
+        summaries,
+    )

@@ -2,8 +2,8 @@
 
 * Plain files are read by byte range (``start`` .. ``end``), so a large file can be cut into
   chunks at line boundaries and read by several processes.
-* ``.gz`` files are read whole, in order; a truncated or corrupt stream counts one reject and
-  keeps every complete line read before the damage.
+* ``.gz`` files are read in order (``start`` counts decompressed bytes); a truncated or
+  corrupt stream counts one reject and keeps every complete line read before the damage.
 * A line longer than ``max_line_bytes`` is skipped without ever being held in memory whole and
   counts as ``line too long``.
 * Invalid UTF-8 is decoded with U+FFFD replacements (the line may still carry a good record)
@@ -70,6 +70,16 @@ def gunzip_blocks(raw: BinaryIO, size: int) -> Iterator[bytes]:
             pending, inflater, fed = inflater.unused_data, zlib.decompressobj(wbits=31), False
 
 
+def _skip(blocks: Iterator[bytes], count: int) -> Iterator[bytes]:
+    """``blocks`` without their first ``count`` bytes."""
+    for block in blocks:
+        if count >= len(block):
+            count -= len(block)
+            continue
+        yield block[count:]
+        count = 0
+
+
 class LineReader:
     """Iterate over blocks of decoded lines of one file (or one byte range of it).
 
@@ -106,8 +116,8 @@ class LineReader:
         # A block never exceeds the line cap, so a line inside one block is within the cap.
         size = min(BLOCK_BYTES, self.max_line_bytes)
         with open(self.path, "rb") as raw:
-            if self.gzip:
-                yield from self._blocks(gunzip_blocks(raw, size))
+            if self.gzip:  # offsets count decompressed bytes
+                yield from self._blocks(_skip(gunzip_blocks(raw, size), self.start))
             else:
                 raw.seek(self.start)
                 yield from self._blocks(range_blocks(raw, size, self.start, self.end))

@@ -22,7 +22,8 @@ class Rejects:
 
     path: str = ""
     counts: Counter[str] = field(default_factory=Counter)
-    samples: dict[str, list[str]] = field(default_factory=dict)
+    #: reason -> [(line number, start of the line)]
+    samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
     def add(self, reason: str, line_no: int, text: str | bytes = "", n: int = 1) -> None:
         """Count ``n`` rejects for ``reason``; keep a ``file:line`` sample while there is room."""
@@ -31,14 +32,39 @@ class Rejects:
         if len(kept) < SAMPLES_PER_REASON:
             if isinstance(text, bytes):
                 text = text[:SAMPLE_CHARS].decode("utf-8", "replace")
-            kept.append(f"{self.path}:{line_no}: {text[:SAMPLE_CHARS]}")
+            kept.append((line_no, text[:SAMPLE_CHARS]))
 
-    def merge(self, other: Rejects) -> None:
-        """Add ``other``'s counts and samples (chunks of one file are merged in file order)."""
+    def merge(self, other: Rejects, line_offset: int = 0) -> None:
+        """Add ``other``'s counts and samples, its line numbers shifted by ``line_offset``.
+
+        A chunk of a file numbers its lines from 1; merged in file order with the number of
+        lines before it, its samples point at the right lines of the whole file.
+        """
         self.counts.update(other.counts)
         for reason, kept in other.samples.items():
             mine = self.samples.setdefault(reason, [])
-            mine.extend(kept[: max(0, SAMPLES_PER_REASON - len(mine))])
+            room = max(0, SAMPLES_PER_REASON - len(mine))
+            mine.extend((line + line_offset, text) for line, text in kept[:room])
+
+    def sample_lines(self) -> dict[str, list[str]]:
+        """``reason -> ["file:line: text", ...]``."""
+        return {
+            reason: [f"{self.path}:{line}: {text}" for line, text in kept]
+            for reason, kept in sorted(self.samples.items())
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready counts and samples (used to send a chunk's rejects between processes)."""
+        return {
+            "counts": dict(self.counts),
+            "samples": {k: [list(s) for s in v] for k, v in self.samples.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, path: str, data: dict[str, Any]) -> Rejects:
+        """Inverse of :meth:`to_dict`."""
+        samples = {k: [(int(a), str(b)) for a, b in v] for k, v in data.get("samples", {}).items()}
+        return cls(path, Counter(data.get("counts", {})), samples)
 
     @property
     def total(self) -> int:
@@ -57,8 +83,10 @@ class FileSummary:
     bytes_read: int = 0
     metrics: int = 0
     rejects: Rejects = field(default_factory=Rejects)
-    #: lines understood but carrying nothing prewarm uses (start-up banners, other loggers)
-    ignored: int = 0
+    #: lines understood but carrying nothing prewarm uses, by kind (banners, access lines...)
+    ignored: Counter[str] = field(default_factory=Counter)
+    #: lines with invalid UTF-8 that were decoded with replacement characters
+    repaired: int = 0
     assumptions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,8 +98,9 @@ class FileSummary:
             "metrics": self.metrics,
             "lines": self.lines,
             "bytes_read": self.bytes_read,
-            "ignored_lines": self.ignored,
+            "ignored": dict(sorted(self.ignored.items())),
+            "repaired_utf8_lines": self.repaired,
             "rejected": dict(sorted(self.rejects.counts.items())),
-            "reject_samples": {k: list(v) for k, v in sorted(self.rejects.samples.items())},
+            "reject_samples": self.rejects.sample_lines(),
             "assumptions": list(self.assumptions),
         }

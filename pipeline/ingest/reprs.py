@@ -1,0 +1,186 @@
+"""Reading the printed forms of values in logs, safely: never ``eval``.
+
+* Python ``repr()`` strings (vLLM prompts and outputs): located with one regular expression,
+  decoded with ``ast.literal_eval`` of the literal alone (a string literal cannot run code).
+* ``SamplingParams(k=v, ...)`` (vLLM) and ``GenerateParameters { k: v, ... }`` (TGI, Rust
+  ``Debug``): split at top level by a small scanner that skips quoted strings and nested
+  brackets; values stay text, the few the records need are converted one by one.
+* Rust ``Debug`` strings (``"a \\"b\\" \\u{e9}"``).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+
+#: a Python string literal as repr() prints it (single or double quoted, escapes kept)
+PY_STR = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.DOTALL)
+_STRUCTURE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[()\[\]{},]", re.DOTALL)
+_RUST_ESCAPE = re.compile(r"\\(u\{[0-9a-fA-F]{1,6}\}|.)", re.DOTALL)
+_RUST_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
+_OPEN, _CLOSE = "([{", ")]}"
+
+#: canonical names of the sampling parameters that decide a response (hashed for cache keys)
+PARAMS_HASHED = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "structured_outputs",
+)
+
+
+def python_str_at(text: str, pos: int) -> tuple[str | None, int] | None:
+    """The Python string literal (or ``None``) starting at ``text[pos]``, and where it ends.
+
+    Returns ``None`` when there is neither a literal nor ``None`` at ``pos``.
+    """
+    if text.startswith("None", pos):
+        return None, pos + 4
+    match = PY_STR.match(text, pos)
+    if match is None:
+        return None
+    return decode_python_str(match.group()), match.end()
+
+
+def decode_python_str(literal: str) -> str:
+    """Decode one quoted Python string literal (as printed by ``repr``)."""
+    if "\\" not in literal:
+        return literal[1:-1]
+    value = ast.literal_eval(literal)
+    if not isinstance(value, str):  # unreachable for a PY_STR match; keeps mypy honest
+        raise ValueError("not a string literal")
+    return value
+
+
+def split_top_level(body: str, sep: str = ",") -> list[str]:
+    """Split ``body`` at ``sep`` characters outside quotes and brackets; parts are stripped.
+
+    Unbalanced closing brackets (vLLM 0.6.3 prints ``...=None), guided_decoding=None``) are
+    tolerated: depth never goes below zero.
+    """
+    parts: list[str] = []
+    depth, start = 0, 0
+    for match in _STRUCTURE.finditer(body):
+        char = match.group()
+        if len(char) > 1:
+            continue
+        if char in _OPEN:
+            depth += 1
+        elif char in _CLOSE:
+            depth = max(0, depth - 1)
+        elif depth == 0 and char == sep:
+            parts.append(body[start : match.start()].strip())
+            start = match.end()
+    parts.append(body[start:].strip())
+    return [p for p in parts if p]
+
+
+def key_values(body: str, assign: str = "=") -> dict[str, str]:
+    """``k=v, ...`` (or ``k: v, ...``) at top level -> ``{k: raw v}``; stray ``)`` dropped."""
+    out: dict[str, str] = {}
+    for part in split_top_level(body):
+        key, found, value = part.partition(assign)
+        if found and key.strip().isidentifier():
+            value = value.strip()
+            if value.endswith(")") and value.count(")") > value.count("("):
+                value = value[:-1]
+            out[key.strip()] = value
+    return out
+
+
+def _py_scalar(raw: str | None) -> object:
+    if raw is None or raw == "None":
+        return None
+    if raw in ("True", "False"):
+        return raw == "True"
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def as_float(raw: str | None) -> float | None:
+    """A float from printed text (``None`` and junk give ``None``)."""
+    value = _py_scalar(raw)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def as_int(raw: str | None) -> int | None:
+    """An int from printed text (floats with a fraction, ``None`` and junk give ``None``)."""
+    value = _py_scalar(raw)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if value == int(value) else None
+
+
+def seed_int64(raw: str | None) -> int | None:
+    """A seed as int64: TGI draws u64 seeds; those above 2**63-1 wrap (two's complement),
+    which keeps them distinct and round-trips through the records' Int64 column."""
+    value = as_int(raw)
+    if value is None or not -(2**63) <= value < 2**64:
+        return None
+    return value - 2**64 if value >= 2**63 else value
+
+
+def params_hash(params: Mapping[str, object]) -> str:
+    """Stable hash of the response-deciding sampling parameters (16 hex digits).
+
+    Only names in :data:`PARAMS_HASHED` count, as normalised text; ``top_k`` 0 and -1 (both
+    "off") hash alike. Comparable within one engine kind.
+    """
+    chosen = {k: params[k] for k in PARAMS_HASHED if params.get(k) is not None}
+    if str(chosen.get("top_k")) in ("-1", "0"):
+        chosen.pop("top_k")
+    text = json.dumps({k: str(v) for k, v in chosen.items()}, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+# --- Rust Debug -----------------------------------------------------------------------------
+
+
+def decode_rust_str(literal: str) -> str:
+    """Decode a double-quoted Rust ``Debug`` string (``\\"``, ``\\n``, ``\\u{e9}`` ...)."""
+    inner = literal[1:-1] if literal.startswith('"') and literal.endswith('"') else literal
+    if "\\" not in inner:
+        return inner
+    return _RUST_ESCAPE.sub(_rust_escape, inner)
+
+
+def _rust_escape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    if code.startswith("u{"):
+        return chr(int(code[2:-1], 16))
+    return _RUST_SIMPLE.get(code, "\\" + code)
+
+
+def rust_option(raw: str | None) -> str | None:
+    """``Some(x)`` -> ``x``; ``None``/missing -> ``None``; anything else as it is."""
+    if raw is None or raw == "None":
+        return None
+    if raw.startswith("Some(") and raw.endswith(")"):
+        return raw[5:-1]
+    return raw
+
+
+def generate_parameters(text: str) -> dict[str, str]:
+    """Fields of TGI's ``GenerateParameters { k: v, ... }`` Debug text, values as raw text."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return {}
+    return key_values(text[start + 1 : end], assign=":")

@@ -1,0 +1,342 @@
+"""An ingest run: files -> chunks -> parsed in parallel -> assembled per file -> a sink.
+
+Each chunk is parsed by a worker process (or in this process when ``workers == 1``) into a
+Parquet part in a scratch folder; the parent assembles each file from its parts, one part at
+a time, so memory is bounded by the chunk size times the number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import BadInputError
+from pipeline.ingest import assemble
+from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.detect import FORMATS, detect_format
+from pipeline.ingest.lines import LineReader
+from pipeline.ingest.options import IngestOptions
+from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_chunk, plan_chunks
+from pipeline.ingest.sinks import MemorySink
+from pipeline.ingest.state import FileState, IngestState, identify
+from pipeline.ingest.summary import FileSummary, Rejects
+from pipeline.ingest.traces import counts_frame
+from pipeline.ingest.vllm import endpoint_of
+from pipeline.records import records_frame
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class FilePlan:
+    """One input file: its format, where reading starts, its chunks."""
+
+    path: Path
+    format: str | None
+    state: FileState
+    resume_note: str
+    chunks: list[ChunkSpec] = field(default_factory=list)
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named, and every non-hidden file under folders named, in a stable order."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(p for p in sorted(path.rglob("*")) if p.is_file() and not _hidden(p, path))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise BadInputError("no such file or folder", where=str(path))
+    return files
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> FilePlan:
+    """Format, start offset (incremental) and chunks of one file."""
+    if state is not None:
+        file_state, note = state.resume(path)
+    else:
+        file_state, note = identify(path), "whole file"
+    fmt = options.format or file_state.format or detect_format(path)
+    file_state.format = fmt
+    plan = FilePlan(path, fmt, file_state, note)
+    if fmt is not None and file_state.size > 0:
+        plan.chunks = plan_chunks(path, fmt, options.chunk_bytes, file_state.offset)
+    return plan
+
+
+# --- workers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What a worker needs: the chunk, the options, where to put its part."""
+
+    spec: ChunkSpec
+    options: IngestOptions
+    partial_tail: bool
+    part_prefix: str
+
+
+def run_chunk(job: ChunkJob) -> ChunkResult:
+    """Parse one chunk and write its heads and metrics as Parquet parts next to
+    ``job.part_prefix``; return the chunk's light remainder (tails, counters, rejects)."""
+    result = parse_chunk(job.spec, job.options, job.partial_tail)
+    text_ts = job.spec.format in ("vllm", "tgi-text", "tgi-json")
+    heads = heads_frame(result.heads, text_ts)
+    write_part(heads, f"{job.part_prefix}.heads.parquet")
+    write_part(metrics_frame(result.metrics), f"{job.part_prefix}.metrics.parquet")
+    result.heads, result.metrics = [], []
+    return result
+
+
+def write_part(frame: pd.DataFrame, path: str) -> None:
+    """A scratch part; lists stay lists of strings."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pq.write_table(table, path)
+
+
+def read_part(path: str) -> pd.DataFrame:
+    """Read a scratch part back (``prefix_hashes`` as lists again)."""
+    frame = pq.read_table(path).to_pandas()
+    if "prefix_hashes" in frame:
+        frame["prefix_hashes"] = [
+            list(h) if h is not None and not isinstance(h, float) else None
+            for h in frame["prefix_hashes"]
+        ]
+    return frame
+
+
+def _executor(workers: int) -> Executor | None:
+    if workers <= 1:
+        return None
+    # fork: workers inherit the imported modules; nothing in the parent holds threads yet
+    context = multiprocessing.get_context("fork")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[ChunkResult]:
+    executor = _executor(workers)
+    if executor is None:
+        yield from map(run_chunk, jobs)
+        return
+    with executor:
+        yield from executor.map(run_chunk, jobs)
+
+
+# --- assembly -------------------------------------------------------------------------------
+
+
+class FileAssembly:
+    """Collects the chunk results of one file, then finishes them into a sink."""
+
+    def __init__(self, plan: FilePlan, options: IngestOptions, scratch: Path) -> None:
+        self.plan = plan
+        self.options = options
+        self.scratch = scratch
+        self.chunks: list[ChunkResult] = []
+        self.summary = FileSummary(str(plan.path), plan.format or "unknown")
+        self.summary.rejects = Rejects(str(plan.path))
+
+    def finish(self, sink: MemorySink) -> FileSummary:
+        """Join, resolve and hand every part of the file to ``sink``; fill the summary."""
+        self._count()
+        fmt = self.plan.format
+        if fmt in ("vllm", "tgi-text", "tgi-json"):
+            self._finish_log(sink, fmt)
+        else:
+            self._finish_trace(sink)
+        self._remember()
+        return self.summary
+
+    def _count(self) -> None:
+        lines_before = self.plan.state.lines
+        for chunk in self.chunks:
+            self.summary.rejects.merge(chunk.rejects, lines_before)
+            lines_before += chunk.lines
+            self.summary.lines += chunk.lines
+            self.summary.bytes_read += chunk.bytes_read
+            self.summary.ignored.update(chunk.ignored)
+            self.summary.repaired += chunk.repaired
+        self.summary.assumptions.append(self.plan.resume_note)
+
+    def _finish_log(self, sink: MemorySink, fmt: str) -> None:
+        source = "vllm" if fmt == "vllm" else "tgi"
+        mtime = self.plan.path.stat().st_mtime
+        bases, note = assemble.year_bases(self.chunks, self.options, mtime)
+        if fmt == "vllm" and any(c.first_ts for c in self.chunks):
+            self.summary.assumptions.append(note)
+        cap = assemble.detect_cap(self.chunks, self.options) if fmt == "vllm" else None
+        if cap is not None:
+            self.summary.assumptions.append(f"--max-log-len {cap}: prompts of that length are cut")
+        used: set[str] = set(self.plan.state.recent_ids)
+        for i, chunk in enumerate(self.chunks):
+            later = {k: v for c in self.chunks[i + 1 :] for k, v in c.tails.items()}
+            frame = read_part(self._part(i, "heads"))
+            used |= assemble.apply_tails(frame, later)
+            self._emit_log(sink, frame, chunk, bases[i], source, cap)
+            self._emit_metrics(sink, i, chunk, bases[i], fmt)
+        self._emit_orphans(sink, used, source)
+
+    def _part(self, index: int, kind: str) -> str:
+        return str(self.scratch / f"{self.plan.chunks[index].index}.{kind}.parquet")
+
+    def _emit_log(
+        self, sink: MemorySink, frame: pd.DataFrame, chunk: ChunkResult, base: int, source: str,
+        cap: int | None,
+    ) -> None:  # fmt: skip
+        if frame.empty:
+            return
+        if source == "vllm":
+            frame["ts"] = assemble.resolve_vllm_ts(
+                frame["ts"], frame["_line"], chunk, base, self.options.tz
+            )
+        else:
+            frame["ts"] = assemble.resolve_tgi_ts(frame)
+        self.plan.state.recent_ids.extend(frame["request_id"].dropna().tolist()[-2000:])
+        records = assemble.finalize_log_records(frame, source, cap, self.options)
+        self.summary.records += len(records)
+        sink.add_records(records)
+
+    def _emit_metrics(
+        self, sink: MemorySink, index: int, chunk: ChunkResult, base: int, fmt: str
+    ) -> None:
+        frame = read_part(self._part(index, "metrics"))
+        if frame.empty or fmt != "vllm":
+            return
+        frame["ts"] = assemble.resolve_vllm_ts(
+            frame["ts"], frame["_line"], chunk, base, self.options.tz
+        )
+        self.summary.metrics += len(frame)
+        sink.add_metrics(frame.drop(columns=["_line"]))
+
+    def _emit_orphans(self, sink: MemorySink, used: set[str], source: str) -> None:
+        tails: dict[str, dict[str, object]] = {}
+        for chunk in self.chunks:
+            tails.update(chunk.tails)
+        rows = assemble.orphan_records(tails, used)
+        if not rows:
+            return
+        self.summary.ignored["follow-up lines without their Received line (own records)"] += len(
+            rows
+        )
+        if not self.chunks:
+            return
+        for row in rows:
+            row.setdefault("status", "received")
+            row["endpoint"] = endpoint_of(str(row["request_id"]))
+        frame = heads_frame(rows, text_ts=True)
+        first = self.chunks[0]
+        bases, _ = assemble.year_bases(self.chunks, self.options, self.plan.path.stat().st_mtime)
+        frame["ts"] = assemble.resolve_vllm_ts(
+            frame["ts"], frame["_line"], first, bases[0], self.options.tz
+        )
+        records = assemble.finalize_log_records(frame, source, None, self.options)
+        self.summary.records += len(records)
+        sink.add_records(records)
+
+    def _finish_trace(self, sink: MemorySink) -> None:
+        for i, _chunk in enumerate(self.chunks):
+            frame = read_part(self._part(i, "heads"))
+            records = records_frame([]) if frame.empty else assemble.conform_records(frame)
+            self.summary.records += len(records)
+            sink.add_records(records)
+        counts = [row for c in self.chunks for row in c.counts]
+        if counts:
+            sink.add_counts(counts_frame(counts))
+            self.summary.records += len(counts)
+            self.summary.assumptions.append("ServeGen rows are tenant × window counts, not records")
+
+    def _remember(self) -> None:
+        state = self.plan.state
+        if self.chunks:
+            state.offset = self.chunks[-1].offset
+        state.lines += self.summary.lines
+
+
+def _unknown_summary(plan: FilePlan, options: IngestOptions) -> FileSummary:
+    """A file in no known format (or empty): count its lines as rejects, read nothing else."""
+    summary = FileSummary(str(plan.path), "empty" if plan.state.size == 0 else "unknown")
+    summary.rejects = Rejects(str(plan.path))
+    if plan.state.size == 0:
+        summary.assumptions.append("empty file")
+        return summary
+    reader = LineReader(plan.path, Rejects(str(plan.path)), max_line_bytes=options.max_line_bytes)
+    for first, lines in reader:
+        for i, line in enumerate(lines):
+            if line.strip():
+                summary.rejects.add("format not recognised", first + i, line)
+    summary.lines = reader.lines
+    return summary
+
+
+def run_ingest(
+    paths: Iterable[str | Path],
+    options: IngestOptions,
+    sink: MemorySink,
+    state: IngestState | None = None,
+    progress: Progress | None = None,
+) -> list[FileSummary]:
+    """Ingest ``paths`` into ``sink``; return one summary per file (``state`` updated)."""
+    if options.format is not None and options.format not in FORMATS:
+        raise BadInputError(f"unknown format {options.format!r}; one of {FORMATS}", where="format")
+    _check_tz(options.tz)
+    plans = [plan_file(p, options, state) for p in expand_paths(paths)]
+    summaries: dict[int, FileSummary] = {}
+    with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        jobs, owners = _jobs(plans, options, state is not None, scratch)
+        assemblies = {i: FileAssembly(p, options, scratch / str(i)) for i, p in enumerate(plans)}
+        total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
+        done = 0
+        for owner, result in zip(owners, _run_jobs(jobs, options.workers), strict=True):
+            assemblies[owner].chunks.append(result)
+            done += result.bytes_read
+            if progress is not None:
+                progress(done, total)
+            if len(assemblies[owner].chunks) == len(plans[owner].chunks):
+                summaries[owner] = assemblies[owner].finish(sink)
+    for i, plan in enumerate(plans):
+        if i not in summaries:
+            summaries[i] = _unknown_summary(plan, options)
+        if state is not None and plan.format is not None:
+            state.update(plan.state)
+    return [summaries[i] for i in range(len(plans))]
+
+
+def _jobs(
+    plans: list[FilePlan], options: IngestOptions, incremental: bool, scratch: Path
+) -> tuple[list[ChunkJob], list[int]]:
+    jobs, owners = [], []
+    for i, plan in enumerate(plans):
+        (scratch / str(i)).mkdir()
+        for spec in plan.chunks:
+            prefix = str(scratch / str(i) / str(spec.index))
+            jobs.append(ChunkJob(spec, options, not incremental, prefix))
+            owners.append(i)
+    return jobs, owners
+
+
+def _check_tz(tz: str) -> None:
+    try:
+        pd.Timestamp("2020-01-01").tz_localize(tz)
+    except Exception as exc:  # pytz/zoneinfo raise several unrelated types
+        raise BadInputError(f"unknown time zone {tz!r}", where="tz") from exc
+
+
+def with_workers(options: IngestOptions, workers: int) -> IngestOptions:
+    """``options`` with another worker count."""
+    return replace(options, workers=workers)

@@ -1,0 +1,356 @@
+"""Hugging Face TGI router logs, v1 to v3, text and ``--json-output`` (FORMATS.md section 2).
+
+Text events start with ``<RFC 3339 µs timestamp> <LEVEL> ``; any other line continues the
+previous event's message (DEBUG ``Input:`` of a chat template spans lines). After the level
+come the spans (``name{fields}:`` ... root first), a space, ``target: file.rs:line: `` and the
+message. A small scanner walks the spans (braces counted, ``"..."`` strings skipped), because
+span fields contain ``: `` and ``{}``.
+
+Records: every ``Success`` event (``ts`` = event time − ``total_time``, i.e. arrival; timings
+from the span; ``output_tokens`` = ``inference_time / time_per_token``), and every error event
+of a request (validation -> ``rejected``, ``no permits available`` -> ``overloaded``,
+generation failures and incomplete generations -> ``failed``). TGI logs no request id.
+DEBUG ``Input:`` events are joined to the next ``Success`` with the same handler span and
+parameters, first in first out (TGI gives nothing better to join on).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.reprs import (
+    as_float,
+    as_int,
+    decode_rust_str,
+    generate_parameters,
+    params_hash,
+    rust_option,
+    seed_int64,
+)
+from pipeline.ingest.vllm import ANSI
+from pipeline.prefix import block_hashes
+
+EVENT_START = re.compile(
+    r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) +(?P<level>TRACE|DEBUG|INFO|WARN|ERROR) "
+)
+_SPAN_NAME = re.compile(r"([A-Za-z_][\w ]*?)(\{|:(?!:))")
+_BRACES = re.compile(r"\"(?:[^\"\\]|\\.)*\"|[{}]", re.DOTALL)
+_FIELD_SPLIT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|[{}\[\]()]| (?=[\w.]+=)", re.DOTALL)
+_TARGET = re.compile(r"(?P<target>[\w:]+): (?P<file>[\w/.-]+\.rs):(?P<line>\d+): ")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|µs|us|ms|s)")
+_UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_INPUTS = re.compile(r"inputs: (\"(?:[^\"\\]|\\.)*\")", re.DOTALL)
+ENDPOINTS = {
+    "chat_completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "compat_generate": "/",
+    "generate": "/generate",
+    "generate_stream": "/generate_stream",
+}
+_OPENERS = ("{", "[", "(")
+_CLOSERS = ("}", "]", ")")
+#: non-streaming ``Input:`` is cut to 1000 characters (v2.3+) or bytes (v2.0-2.2)
+INPUT_LOG_CAP = 1000
+
+
+@dataclass
+class TgiEvent:
+    """One log event: header, spans (root first) and the message."""
+
+    ts: str
+    level: str
+    spans: list[tuple[str, dict[str, str]]]
+    target: str
+    message: str
+    line: int
+    continuation: list[str] = field(default_factory=list)
+    #: JSON events logged with an explicit parent outside any entered span (streaming)
+    detached: bool = False
+
+    def text(self) -> str:
+        """The whole message, continuation lines included."""
+        if not self.continuation:
+            return self.message
+        return "\n".join([self.message, *self.continuation])
+
+
+def duration_s(text: str | None) -> float | None:
+    """Rust ``Duration`` Debug text (``754.5µs``, ``1.5s``) in seconds."""
+    if not text:
+        return None
+    match = _DURATION.fullmatch(text.strip('"'))
+    return float(match.group(1)) * _UNIT[match.group(2)] if match else None
+
+
+def span_fields(text: str) -> dict[str, str]:
+    """``key=value key="value" ...`` of one span; quoted values decoded, raw ones kept."""
+    parts, depth, start = [], 0, 0
+    for match in _FIELD_SPLIT.finditer(text):
+        token = match.group()
+        if token == " ":
+            if depth == 0:
+                parts.append(text[start : match.start()])
+                start = match.end()
+        elif token in _OPENERS:
+            depth += 1
+        elif token in _CLOSERS:
+            depth = max(0, depth - 1)
+    parts.append(text[start:])
+    return _field_values(parts)
+
+
+def _field_values(parts: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for part in parts:
+        key, found, value = part.strip().partition("=")
+        if found:
+            fields[key] = decode_rust_str(value) if value.startswith('"') else value
+    return fields
+
+
+def _matching_brace(text: str, pos: int) -> int:
+    """Index just past the ``}`` closing the ``{`` at ``text[pos]``; -1 if unbalanced."""
+    depth = 0
+    for match in _BRACES.finditer(text, pos):
+        token = match.group()
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    return -1
+
+
+def parse_spans(rest: str) -> tuple[list[tuple[str, dict[str, str]]], int]:
+    """Spans at the start of ``rest`` (root first) and the offset of what follows them."""
+    spans: list[tuple[str, dict[str, str]]] = []
+    pos = 0
+    while True:
+        match = _SPAN_NAME.match(rest, pos)
+        if match is None:
+            return spans, pos
+        if match.group(2) == "{":
+            close = _matching_brace(rest, match.end() - 1)
+            if close < 0 or rest[close : close + 1] != ":":
+                return spans, pos
+            spans.append((match.group(1), span_fields(rest[match.end() : close - 1])))
+            pos = close + 1
+        else:
+            spans.append((match.group(1), {}))
+            pos = match.end()
+        if rest[pos : pos + 1] == " ":
+            return spans, pos + 1
+
+
+class TgiChunkParser:
+    """Parse text or JSON TGI lines of one chunk into record heads."""
+
+    def __init__(self, result: ChunkResult, block_size: int, json_lines: bool) -> None:
+        self.out = result
+        self.block_size = block_size
+        self.json_lines = json_lines
+        self.current: TgiEvent | None = None
+        self.inputs: dict[tuple[str, str | None], deque[str]] = {}
+
+    def feed(self, first_line: int, lines: Iterable[str]) -> None:
+        """Parse a block of lines numbered from ``first_line``."""
+        for line_no, line in enumerate(lines, first_line):
+            if self.json_lines:
+                self._json_line(line, line_no)
+            else:
+                self._text_line(line, line_no)
+
+    # --- text -------------------------------------------------------------------------------
+
+    def _text_line(self, line: str, line_no: int) -> None:
+        if "\x1b" in line:
+            line = ANSI.sub("", line)
+        start = EVENT_START.match(line)
+        if start is None:
+            if self.current is not None:
+                self.current.continuation.append(line.removesuffix("\r"))
+            elif line.strip():
+                self.out.rejects.add(self._reason(line), line_no, line)
+            else:
+                self.out.ignored["blank line"] += 1
+            return
+        self._flush()
+        rest = line[start.end() :].removesuffix("\r")
+        spans, pos = parse_spans(rest)
+        target = _TARGET.match(rest, pos)
+        if target is None and spans:  # a target without '::' was read as a span name
+            target = _TARGET.search(rest, pos - len(spans[-1][0]) - 2)
+            spans = spans[:-1]
+        if target is None:
+            self.out.ignored["launcher or other line"] += 1
+            return
+        self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
+                                target.group("target"), rest[target.end() :], line_no)  # fmt: skip
+
+    @staticmethod
+    def _reason(line: str) -> str:
+        return "invalid utf-8" if "\ufffd" in line else "not a TGI log line"
+
+    # --- json -------------------------------------------------------------------------------
+
+    def _json_line(self, line: str, line_no: int) -> None:
+        if not line.strip():
+            self.out.ignored["blank line"] += 1
+            return
+        try:
+            obj = json.loads(line)
+            event = self._json_event(obj, line_no)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            reason = self._reason(line) if not line.startswith("{") else "bad JSON event"
+            self.out.rejects.add(f"{reason}: {type(exc).__name__}", line_no, line)
+            return
+        if event is None:
+            self.out.ignored["launcher or other line"] += 1
+            return
+        self._event(event)
+
+    @staticmethod
+    def _json_event(obj: Any, line_no: int) -> TgiEvent | None:
+        if not isinstance(obj, dict):
+            raise TypeError("not a JSON object")
+        if "message" not in obj or "filename" not in obj:
+            return None  # launcher lines keep their fields nested; nothing per request
+        spans = [(s["name"], s) for s in obj.get("spans", [])]
+        if "span" in obj and not spans:
+            spans = [(obj["span"]["name"], obj["span"])]
+        elif "span" in obj:
+            name = obj["span"]["name"]
+            spans = [(n, {**f, **obj["span"]}) if n == name else (n, f) for n, f in spans]
+        event = TgiEvent(str(obj["timestamp"]), str(obj["level"]), spans,
+                         str(obj.get("target", "")), str(obj["message"]), line_no)  # fmt: skip
+        event.detached = obj.get("spans") == [] and "span" in obj
+        return event
+
+    # --- events -----------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self.current is not None:
+            event, self.current = self.current, None
+            self._event(event)
+
+    def _event(self, event: TgiEvent) -> None:
+        message = event.text()
+        if event.level == "INFO" and message == "Success":
+            return self._success(event)
+        if message.startswith("Input: "):
+            return self._input(event, message[7:])
+        if event.level == "ERROR":
+            return self._error(event, message)
+        kind = "output/token debug line" if message.startswith(("Output: ", "Token: ")) else None
+        self.out.ignored[kind or "other TGI line"] += 1
+        return None
+
+    def _handler(self, event: TgiEvent) -> tuple[str | None, dict[str, str]]:
+        """The handler span's name and the merged fields of the request's spans."""
+        handler, merged = None, {}
+        for name, fields in event.spans:
+            if name in ENDPOINTS and handler is None:
+                handler = name
+            if name == "HTTP request" and "http.route" in fields:
+                merged["_route"] = fields["http.route"]
+            merged.update(fields)
+        return handler, merged
+
+    def _input(self, event: TgiEvent, text: str) -> None:
+        handler, fields = self._handler(event)
+        key = (handler or "", fields.get("parameters"))
+        self.inputs.setdefault(key, deque()).append(text)
+        self.out.ignored["input debug line (joined)"] += 1
+
+    def _success(self, event: TgiEvent) -> None:
+        handler, fields = self._handler(event)
+        record = self._base(event, handler, fields, "ok")
+        total = duration_s(fields.get("total_time"))
+        record["e2e_s"] = total
+        record["queue_s"] = duration_s(fields.get("queue_time"))
+        record["_ts_minus_s"] = total or 0.0
+        inference = duration_s(fields.get("inference_time"))
+        per_token = duration_s(fields.get("time_per_token"))
+        if inference is not None and per_token:
+            record["output_tokens"] = round(inference / per_token)
+        queue = self.inputs.get((handler or "", fields.get("parameters")))
+        if queue:
+            self._set_prompt(record, queue.popleft(), streaming=self._streaming(event))
+        self.out.heads.append(record)
+
+    def _error(self, event: TgiEvent, message: str) -> None:
+        target = event.target
+        if message == "no permits available":
+            status = "overloaded"
+        elif message.startswith(("Request failed during generation", "Incomplete generation")):
+            status = "failed"
+        elif target.endswith("::infer") or "is not supported when streaming" in message:
+            status = "rejected"
+        else:
+            self.out.ignored["error line (not a request outcome)"] += 1
+            return
+        handler, fields = self._handler(event)
+        record = self._base(event, handler, fields, status)
+        record["_ts_minus_s"] = 0.0
+        self.out.heads.append(record)
+
+    def _base(
+        self, event: TgiEvent, handler: str | None, fields: dict[str, str], status: str
+    ) -> dict[str, Any]:
+        record: dict[str, Any] = {"ts": event.ts, "request_id": None, "status": status,
+                                  "_line": event.line}  # fmt: skip
+        record["endpoint"] = fields.get("_route") or ENDPOINTS.get(handler or "")
+        params_text = fields.get("parameters")
+        request = fields.get("request")
+        if params_text is None and request is not None:
+            params_text = request[request.find("parameters: ") + 12 :]
+            inputs = _INPUTS.search(request)
+            if inputs is not None:
+                self._set_prompt(record, decode_rust_str(inputs.group(1)), streaming=True)
+        if params_text:
+            self._params(record, generate_parameters(params_text))
+        seed = rust_option(fields.get("seed"))
+        if seed is not None:
+            record["seed"] = seed_int64(seed)
+        return record
+
+    @staticmethod
+    def _params(record: dict[str, Any], values: dict[str, str]) -> None:
+        plain = {k: rust_option(v) for k, v in values.items()}
+        record["temperature"] = as_float(plain.get("temperature"))
+        record["top_p"] = as_float(plain.get("top_p"))
+        record["top_k"] = as_int(plain.get("top_k"))
+        record["max_tokens"] = as_int(plain.get("max_new_tokens"))
+        record["seed"] = seed_int64(plain.get("seed"))
+        adapter = plain.get("adapter_id")
+        if adapter is not None:
+            record["adapter"] = decode_rust_str(adapter)
+        plain["max_tokens"] = plain.get("max_new_tokens")
+        plain["structured_outputs"] = plain.get("grammar")
+        record["params_hash"] = params_hash(plain)
+
+    @staticmethod
+    def _streaming(event: TgiEvent) -> bool:
+        """Known streaming: ``/generate_stream``, or a JSON event with a detached span."""
+        return event.detached or bool(event.spans and event.spans[0][0] == "generate_stream")
+
+    def _set_prompt(self, record: dict[str, Any], prompt: str, streaming: bool) -> None:
+        cut = not streaming and (
+            len(prompt) == INPUT_LOG_CAP or 997 <= len(prompt.encode()) <= INPUT_LOG_CAP
+        )
+        record["prompt"] = prompt
+        record["prompt_truncated"] = cut
+        hashes = block_hashes(prompt, self.block_size)
+        record["prefix_hashes"] = hashes[:-1] if cut else hashes
+
+    def finish(self) -> ChunkResult:
+        """Flush the last event; unjoined ``Input:`` events stay counted as joined lines."""
+        self._flush()
+        return self.out

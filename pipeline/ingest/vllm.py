@@ -1,0 +1,435 @@
+"""vLLM logs, v0.4 to current (see ``data/logs/FORMATS.md`` section 1).
+
+One pass over the lines of a chunk: strip ANSI codes, a trailing ``\\r`` and the
+``(APIServer pid=N)`` tag; read the envelope (``LEVEL MM-DD HH:MM:SS [file:line] message``,
+the ``[`` optional, any ``VLLM_LOGGING_PREFIX`` before the level); dispatch on the start of the
+message. Request lines are joined by request id (an engine's ``-xxxxxxxx`` suffix is
+stripped); stats lines become engine-metrics rows; uvicorn access lines with a 4xx/5xx status
+become failed records (they are the only trace of requests rejected before the engine);
+every other line of the envelope is counted as ignored, by kind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.reprs import (
+    as_float,
+    as_int,
+    key_values,
+    params_hash,
+    python_str_at,
+    seed_int64,
+)
+from pipeline.prefix import block_hashes, block_hashes_from_ids
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TAG = re.compile(r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\) ")
+_ENVELOPE = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
+    r"\[?[^\]\s]+?:\d+\] "
+)
+_PREFIXED = re.compile(r".{0,64}?(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d )")
+_UVICORN = re.compile(
+    r"(?P<level>[A-Z]+):\s+(?P<client>\S*) - \"(?P<method>[A-Z]+) (?P<path>\S+) "
+    r"HTTP/[\d.]+\" (?P<status>\d{3})"
+)
+_UVICORN_OTHER = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
+_ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_PARAMS = re.compile(r"(?:sampling[ _]params|params): (?P<kind>\w+)\(")
+_PREFIX_POS = re.compile(r"prefix_pos: (\w+),")
+_LORA_NAME = re.compile(r"lora_name='((?:[^'\\]|\\.)*)'")
+_STAT = re.compile(r"([A-Za-z][A-Za-z ]*?): (-?\d+(?:\.\d+)?)")
+_V0_PREFIX_RATE = re.compile(r"GPU: (-?[\d.]+)%, CPU: (-?[\d.]+)%")
+
+#: key markers that end a ``Received request`` line, searched from the right
+_TAIL_KEYS = (
+    ", prompt_adapter_request: ",
+    ", lora_request: ",
+    ", prompt_embeds shape: ",
+    ", prompt_token_ids: ",
+    ", prompt token ids: ",
+)
+_STAT_COLUMNS = {
+    "Avg prompt throughput": ("prompt_throughput", 1.0),
+    "Avg generation throughput": ("throughput", 1.0),
+    "Running": ("running", 1.0),
+    "Waiting": ("waiting", 1.0),
+    "Pending": ("waiting", 1.0),
+    "Swapped": ("swapped", 1.0),
+    "Deferred": ("deferred", 1.0),
+    "Preemptions": ("preemptions", 1.0),
+    "GPU KV cache usage": ("kv_usage", 0.01),
+    "CPU KV cache usage": ("cpu_kv_usage", 0.01),
+    "Prefix cache hit rate": ("prefix_cache_hit_rate", 0.01),
+    "External prefix cache hit rate": ("external_prefix_cache_hit_rate", 0.01),
+    "MM cache hit rate": ("mm_cache_hit_rate", 0.01),
+}
+_FINISHED_OK = ("stop", "length", "tool_calls", "streaming_complete", "abort")
+#: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
+_HASH_CACHE_SIZE = 4096
+
+
+def endpoint_of(request_id: str) -> str | None:
+    """The OpenAI endpoint a request id names (FORMATS.md 1.5), or ``None``."""
+    if request_id.startswith(("chatcmpl-", "chat-")):
+        return "/v1/chat/completions"
+    if request_id.startswith("cmpl-"):
+        tail = request_id.rsplit("-", 1)[-1]
+        # v0.4 chat ids were cmpl-<32 hex> without the -<i> suffix of completions
+        return "/v1/completions" if tail.isdigit() else "/v1/chat/completions"
+    return None
+
+
+class VllmChunkParser:
+    """Parse the lines of one chunk of a vLLM log into heads, tails and metrics."""
+
+    def __init__(self, result: ChunkResult, block_size: int, instance: str) -> None:
+        self.out = result
+        self.block_size = block_size
+        self.instance = instance
+        self.requests: dict[str, dict[str, Any]] = {}
+        self.last_ts: str | None = None
+        self.pending_access: list[dict[str, Any]] = []
+        self.last_month = 0
+        self.line_no = 0
+        self._hash_cache: dict[str, list[str]] = {}
+
+    # --- the line loop ---------------------------------------------------------------------
+
+    def feed(self, first_line: int, lines: Iterable[str]) -> None:
+        """Parse a block of lines numbered from ``first_line``."""
+        envelope = _ENVELOPE.match
+        for line_no, line in enumerate(lines, first_line):
+            self.line_no = line_no
+            if "\x1b" in line:
+                line = ANSI.sub("", line)
+            if line.endswith("\r"):
+                line = line[:-1]
+            start = 0
+            if line.startswith("("):
+                tag = _TAG.match(line)
+                start = tag.end() if tag else 0
+            match = envelope(line, start)
+            if match is None:
+                self._other(line, start, line_no)
+                continue
+            self.last_ts = match.group("ts")
+            self._track_year(self.last_ts, line_no)
+            if self.pending_access:
+                self._settle_access(self.last_ts)
+            self._message(line[match.end() :], match.group("level"), self.last_ts, line_no)
+
+    def _track_year(self, ts: str, line_no: int) -> None:
+        """Note where the month falls back by more than half a year: a new year began."""
+        if self.out.first_ts is None:
+            self.out.first_ts = ts
+        self.out.last_ts = ts
+        month = int(ts[:2])
+        if month < self.last_month - 6:
+            self.out.rollovers.append(line_no)
+        self.last_month = month
+
+    def _other(self, line: str, start: int, line_no: int) -> None:
+        if not line[start:].strip():
+            self.out.ignored["blank line"] += 1
+            return
+        access = _UVICORN.match(line, start)
+        if access is not None:
+            self._access(access, line_no)
+            return
+        if _UVICORN_OTHER.match(line, start):
+            self.out.ignored["uvicorn line"] += 1
+            return
+        prefixed = _PREFIXED.match(line, start)
+        if prefixed is not None:
+            match = _ENVELOPE.match(line, prefixed.end())
+            if match is not None:
+                self.last_ts = match.group("ts")
+                self._track_year(self.last_ts, line_no)
+                self._message(line[match.end() :], match.group("level"), self.last_ts, line_no)
+                return
+        reason = "invalid utf-8" if "\ufffd" in line else "not a vLLM log line"
+        self.out.rejects.add(reason, line_no, line)
+
+    def _message(self, msg: str, level: str, ts: str, line_no: int) -> None:
+        first = msg[:1]
+        if first == "R":
+            if msg.startswith("Received request "):
+                return self._received(msg, ts, line_no)
+            if msg.startswith("Request "):
+                return self._request_line(msg, ts, line_no)
+        elif first == "A":
+            if msg.startswith("Added request "):
+                return self._touch(self._engine_id(msg[14:].rstrip(".")), ts, line_no)
+            if msg.startswith("Aborted request"):
+                return self._aborted(msg, ts, line_no)
+            if msg.startswith("Avg prompt throughput"):
+                return self._stats(msg, ts, None)
+        elif first == "G" and msg.startswith("Generated response "):
+            return self._generated(msg, ts, line_no)
+        elif first == "F" and msg.startswith("Finished request "):
+            return self._set_status(self._engine_id(msg[17:].rstrip(".")), "ok", ts, line_no)
+        elif first == "E" and msg.startswith("Engine "):
+            return self._engine_stats(msg, ts)
+        elif first == "P" and msg.startswith("Prefix cache hit rate: GPU"):
+            return self._v0_prefix_rate(msg, ts)
+        elif first.isdigit() and " Engines Aggregated: " in msg:
+            return self._engine_stats(msg, ts)
+        kind = "error line" if level in ("ERROR", "CRITICAL") else "other vLLM line"
+        self.out.ignored[kind] += 1
+        return None
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _record(self, request_id: str, ts: str, line_no: int) -> dict[str, Any]:
+        record = self.requests.get(request_id)
+        if record is None:
+            record = {"request_id": request_id, "ts": ts, "_line": line_no, "_head": False}
+            self.requests[request_id] = record
+        return record
+
+    def _engine_id(self, request_id: str) -> str:
+        """Strip the engine's 8-hex suffix when the id without it is known (FORMATS.md 1.12)."""
+        if request_id in self.requests:
+            return request_id
+        base = _ENGINE_SUFFIX.sub("", request_id)
+        return base if base in self.requests else request_id
+
+    def _touch(self, request_id: str, ts: str, line_no: int) -> None:
+        self._record(request_id, ts, line_no)
+
+    def _set_status(self, request_id: str, status: str, ts: str, line_no: int) -> None:
+        record = self._record(request_id, ts, line_no)
+        if record.get("status") in (None, "received", "ok") or status != "ok":
+            record["status"] = status
+
+    def _received(self, msg: str, ts: str, line_no: int) -> None:
+        colon = msg.find(": ", 17)
+        if colon < 0 or not msg.endswith("."):
+            self.out.rejects.add("malformed Received request line", line_no, msg)
+            return
+        request_id, rest = msg[17:colon], msg[colon + 2 : -1]
+        if request_id in self.requests and self.requests[request_id]["_head"]:
+            self.out.ignored["repeated request id"] += 1
+        record = self._record(request_id, ts, line_no)
+        record.update(ts=ts, _line=line_no, _head=True)
+        record.setdefault("status", "received")
+        record["endpoint"] = endpoint_of(request_id)
+        try:
+            self._received_fields(record, rest)
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            record["_head"] = False
+            self.out.rejects.add(
+                f"malformed Received request line: {type(exc).__name__}", line_no, msg
+            )
+
+    def _received_fields(self, record: dict[str, Any], rest: str) -> None:
+        tail: dict[str, str] = {}
+        for key in _TAIL_KEYS:
+            cut = rest.rfind(key)
+            if cut >= 0:
+                tail[key[2:-2]] = rest[cut + len(key) :]
+                rest = rest[:cut]
+        if rest.startswith("prompt: "):
+            found = python_str_at(rest, 8)
+            if found is None:
+                raise ValueError("prompt is not a string literal")
+            prompt, end = found
+            self._set_prompt(record, prompt)
+            rest = rest[end:]
+        params = _PARAMS.search(rest)
+        if params is None:
+            raise ValueError("no params")
+        self._sampling(record, params.group("kind"), rest[params.end() : rest.rfind(")")])
+        ids = tail.get("prompt_token_ids") or tail.get("prompt token ids")
+        self._set_ids(record, ids)
+        lora = tail.get("lora_request")
+        if lora and lora != "None":
+            name = _LORA_NAME.search(lora)
+            record["adapter"] = name.group(1) if name else lora
+
+    def _set_prompt(self, record: dict[str, Any], prompt: str | None) -> None:
+        record["prompt"] = prompt
+        if prompt is None:
+            return
+        hashes = self._hash_cache.get(prompt)
+        if hashes is None:
+            hashes = block_hashes(prompt, self.block_size)
+            if len(self._hash_cache) >= _HASH_CACHE_SIZE:
+                self._hash_cache.clear()
+            self._hash_cache[prompt] = hashes
+        record["prefix_hashes"] = hashes
+
+    def _set_ids(self, record: dict[str, Any], ids: str | None) -> None:
+        if not ids or ids == "None" or not ids.startswith("["):
+            return
+        body = ids[1 : ids.rfind("]")].strip()
+        count = body.count(",") + 1 if body else 0
+        record["_ids_len"] = count
+        prompt = record.get("prompt")
+        if prompt is not None and len(prompt) == count and count:
+            self.out.cap_evidence[count] += 1
+        if record.get("prefix_hashes") is None and count >= self.block_size:
+            record["prefix_hashes"] = block_hashes_from_ids(
+                [int(x) for x in body.split(",")], self.block_size
+            )
+
+    def _sampling(self, record: dict[str, Any], kind: str, body: str) -> None:
+        if kind != "SamplingParams":
+            record["_params_kind"] = kind
+            return
+        values = key_values(body)
+        record["temperature"] = as_float(values.get("temperature"))
+        record["top_p"] = as_float(values.get("top_p"))
+        record["top_k"] = as_int(values.get("top_k"))
+        record["max_tokens"] = as_int(values.get("max_tokens"))
+        record["seed"] = seed_int64(values.get("seed"))
+        if "guided_decoding" in values and "structured_outputs" not in values:
+            values["structured_outputs"] = values["guided_decoding"]
+        record["params_hash"] = params_hash(values)
+
+    def _request_line(self, msg: str, ts: str, line_no: int) -> None:
+        """``Request <id> details: ...`` (DEBUG prompt) and ``Request <id> aborted./failed``."""
+        space = msg.find(" ", 8)
+        request_id, rest = msg[8:space], msg[space + 1 :]
+        if rest.startswith("details: prompt: "):
+            return self._details(request_id, rest[17:], ts, line_no)
+        if rest.startswith("aborted"):
+            return self._set_status(request_id, "aborted", ts, line_no)
+        if rest.startswith("failed"):
+            bad = rest.startswith(("failed (bad request)", "failed (input error)"))
+            return self._set_status(request_id, "rejected" if bad else "failed", ts, line_no)
+        self.out.ignored["other vLLM line"] += 1
+        return None
+
+    def _details(self, request_id: str, rest: str, ts: str, line_no: int) -> None:
+        record = self._record(request_id, ts, line_no)
+        try:
+            found = python_str_at(rest, 0)
+            if found is None:
+                raise ValueError("prompt is not a string literal")
+            self._set_prompt(record, found[0])
+            ids_at = rest.rfind(", prompt_token_ids: ")
+            embeds_at = rest.rfind(", prompt_embeds shape: ")
+            if ids_at >= 0:
+                stop = embeds_at if embeds_at > ids_at else len(rest)
+                self._set_ids(record, rest[ids_at + 20 : stop])
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            self.out.rejects.add(
+                f"malformed Request details line: {type(exc).__name__}", line_no, rest
+            )
+
+    def _aborted(self, msg: str, ts: str, line_no: int) -> None:
+        ids = msg.split(" ", 2)[-1].rstrip(".")
+        for request_id in ids.split(","):
+            if request_id:
+                self._set_status(self._engine_id(request_id.strip()), "aborted", ts, line_no)
+
+    def _generated(self, msg: str, ts: str, line_no: int) -> None:
+        colon = msg.find(": output: ")
+        if colon < 0:
+            if " details: output_token_ids: " in msg:
+                return self._generated_details(msg, ts, line_no)
+            self.out.rejects.add("malformed Generated response line", line_no, msg)
+            return None
+        head = msg[19:colon]
+        request_id, _, mode = head.partition(" ")
+        record = self._record(request_id, ts, line_no)
+        reason_at = msg.rfind(", finish_reason: ")
+        ids_at = msg.rfind(", output_token_ids: ", 0, reason_at if reason_at >= 0 else None)
+        reason = msg[reason_at + 17 :] if reason_at >= 0 else None
+        ids = msg[ids_at + 20 : reason_at] if ids_at >= 0 and reason_at >= 0 else None
+        self._count_output(record, mode, ids)
+        if reason in _FINISHED_OK and reason != "abort":
+            self._set_status(record["request_id"], "ok", ts, line_no)
+        return None
+
+    def _generated_details(self, msg: str, ts: str, line_no: int) -> None:
+        request_id, _, mode = msg[19 : msg.find(" details: ")].partition(" ")
+        ids = msg[msg.find(" details: output_token_ids: ") + 28 :]
+        self._count_output(self._record(request_id, ts, line_no), mode, ids)
+
+    @staticmethod
+    def _count_output(record: dict[str, Any], mode: str, ids: str | None) -> None:
+        if ids is None or not ids.startswith("["):
+            return
+        body = ids[1 : ids.rfind("]")].strip()
+        count = body.count(",") + 1 if body else 0
+        if mode == "(streaming delta)":
+            record["_delta_tokens"] = record.get("_delta_tokens", 0) + count
+        else:
+            record["output_tokens"] = count
+
+    # --- uvicorn access lines ---------------------------------------------------------------
+
+    def _access(self, match: re.Match[str], line_no: int) -> None:
+        status = int(match.group("status"))
+        if status < 400:
+            self.out.ignored["access line (joined by id only)"] += 1
+            return
+        kind = "overloaded" if status in (429, 503) else ("rejected" if status < 500 else "failed")
+        row = {"request_id": None, "ts": self.last_ts, "_line": line_no, "_head": True,
+               "endpoint": match.group("path").split("?")[0], "status": kind}  # fmt: skip
+        if self.last_ts is None:
+            self.pending_access.append(row)
+        self.out.heads.append(row)
+
+    def _settle_access(self, ts: str) -> None:
+        for row in self.pending_access:
+            row["ts"] = ts
+        self.pending_access.clear()
+
+    # --- stats ------------------------------------------------------------------------------
+
+    def _engine_stats(self, msg: str, ts: str) -> None:
+        head, _, rest = msg.partition(": ")
+        if rest.startswith("Avg prompt"):
+            self._stats(rest, ts, head)
+        else:
+            self.out.ignored["other vLLM line"] += 1
+
+    def _stats(self, msg: str, ts: str, engine: str | None) -> None:
+        row: dict[str, Any] = {"ts": ts, "source": "vllm", "instance": self._instance(engine),
+                               "_line": self.line_no}  # fmt: skip
+        for label, value in _STAT.findall(msg):
+            column = _STAT_COLUMNS.get(label)
+            if column is not None:
+                row[column[0]] = float(value) * column[1]
+        self.out.metrics.append(row)
+
+    def _v0_prefix_rate(self, msg: str, ts: str) -> None:
+        match = _V0_PREFIX_RATE.search(msg)
+        if match is None:
+            self.out.ignored["other vLLM line"] += 1
+            return
+        gpu, cpu = float(match.group(1)) / 100, float(match.group(2)) / 100
+        last = self.out.metrics[-1] if self.out.metrics else None
+        if last is not None and last["ts"] == ts and "prefix_cache_hit_rate" not in last:
+            last.update(prefix_cache_hit_rate=gpu, cpu_prefix_cache_hit_rate=cpu)
+            return
+        self.out.metrics.append({"ts": ts, "source": "vllm", "instance": self.instance,
+                                 "_line": self.line_no, "prefix_cache_hit_rate": gpu,
+                                 "cpu_prefix_cache_hit_rate": cpu})  # fmt: skip
+
+    def _instance(self, engine: str | None) -> str:
+        return f"{self.instance}/{engine}" if engine else self.instance
+
+    # --- end of chunk -----------------------------------------------------------------------
+
+    def finish(self) -> ChunkResult:
+        """Split joined requests into heads (defining line seen here) and tails."""
+        for request_id, record in self.requests.items():
+            delta = record.pop("_delta_tokens", None)
+            if delta is not None and record.get("output_tokens") is None:
+                record["output_tokens"] = delta
+            if record.pop("_head"):
+                record.pop("_params_kind", None)
+                self.out.heads.append(record)
+            else:
+                self.out.tails[request_id] = record
+        self.out.heads.sort(key=lambda r: r["_line"])
+        return self.out
