@@ -1,0 +1,45 @@
+"""Beat schedule from configuration (``[schedule]``): what runs periodically, and how often.
+
+``prewarm beat`` (``jobs.services``) installs :func:`beat_schedule`. Each entry expires after
+one period, so a beat that was down does not flood the workers with stale ticks when it returns.
+Entries whose task no installed module defines are left out (and named in the log), so the
+schedule never sends a message no worker can run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from tasks.celery_app import TASK_MODULES, app
+from tasks.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: (entry name, task name, the ``schedule`` setting that gives its period)
+PERIODIC = (
+    ("poll-template-repos", "prewarm.events.poll_repos", "poll_repos_s"),
+    ("wal-recovery-sweep", "prewarm.warm.recover", "wal_sweep_s"),
+    ("replica-watch", "prewarm.events.replica_watch", "replica_watch_s"),
+)
+
+
+def known_tasks() -> set[str]:
+    """Names of every task the worker modules define."""
+    for module in TASK_MODULES:
+        importlib.import_module(module)
+    return {name for name in app.tasks if name.startswith("prewarm.")}
+
+
+def beat_schedule(settings: Settings, known: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The beat schedule for ``settings``: one entry per periodic task that exists."""
+    known = known_tasks() if known is None else known
+    schedule: dict[str, dict[str, Any]] = {}
+    for entry, task, setting in PERIODIC:
+        if task not in known:
+            logger.info("beat: %s left out (no task %s installed)", entry, task)
+            continue
+        period = float(getattr(settings.schedule, setting))
+        schedule[entry] = {"task": task, "schedule": period, "options": {"expires": period}}
+    return schedule

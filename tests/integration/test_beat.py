@@ -1,0 +1,58 @@
+"""The beat schedule from configuration, and a real ``prewarm beat`` ticking on the test Redis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jobs.beat import PERIODIC, beat_schedule
+from tasks.settings import ScheduleSettings, Settings
+from tests.conftest import REPO_ROOT, worker_env
+
+pytestmark = pytest.mark.integration
+
+
+def test_schedule_follows_the_configured_periods():
+    settings = Settings(
+        schedule=ScheduleSettings(poll_repos_s=7, wal_sweep_s=11, replica_watch_s=3)
+    )
+    schedule = beat_schedule(settings)
+    assert schedule["poll-template-repos"] == {
+        "task": "prewarm.events.poll_repos", "schedule": 7.0, "options": {"expires": 7.0},
+    }  # fmt: skip
+    assert schedule["wal-recovery-sweep"]["schedule"] == 11.0
+    assert schedule["replica-watch"]["task"] == "prewarm.events.replica_watch"
+
+
+def test_entries_without_an_installed_task_are_left_out():
+    only = {"prewarm.events.replica_watch"}
+    assert list(beat_schedule(Settings(), known=only)) == ["replica-watch"]
+    assert {task for _, task, _ in PERIODIC} >= only
+
+
+def test_real_beat_sends_a_due_task(tmp_path, broker_url, store_url):
+    config = tmp_path / "prewarm.toml"
+    config.write_text(
+        f'data_dir = "{tmp_path}"\n[schedule]\nreplica_watch_s = 1\nwal_sweep_s = 1\n'
+    )
+    env = worker_env({"PREWARM_CONFIG": str(config)})
+    log = tmp_path / "beat.log"
+    with log.open("wb") as out:
+        beat = subprocess.Popen(
+            [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 45
+            while "Sending due task replica-watch" not in log.read_text(errors="replace"):
+                assert beat.poll() is None, log.read_text(errors="replace")
+                assert time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+        finally:
+            beat.terminate()
+            beat.wait(20)
+    text = log.read_text(errors="replace")
+    assert "prewarm.events.replica_watch" in text
