@@ -24,11 +24,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one error, one line, at any width
 
 #: Modules under jobs/ that each define ``register(app)``.
 COMMAND_MODULES: list[str] = [
     "jobs.simulator.cli",
+    "jobs.services",
+    "jobs.checks",
+    "jobs.watchers",
+    "jobs.templates_cli",
 ]
 
 
@@ -54,6 +58,18 @@ def _one_line(exc: BaseException) -> str:
     return f"prewarm: {kind}: {exc}"
 
 
+def _translated(exc: Exception) -> PrewarmError | None:
+    """prewarm's error for a Redis/broker/HTTP connection failure that escaped a command."""
+    from tasks.connections import translate_connection_error
+    from tasks.settings import current_settings
+
+    try:
+        settings = current_settings()
+    except PrewarmError:
+        settings = None
+    return translate_connection_error(exc, settings)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _register_commands()
@@ -69,6 +85,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
+
+        translated = _translated(exc)
+        if translated is not None:
+            err_console.print(_one_line(translated), markup=False, highlight=False)
+            sys.exit(2)
 
         if isinstance(exc, click.ClickException):
             exc.show()

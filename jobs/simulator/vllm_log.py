@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from pipeline.errors import BadInputError
+
 # Source locations a current vLLM prints for these lines (DEBUG: package-relative paths).
 _REQUEST_LOGGER = "entrypoints/serve/utils/request_logger.py"
 _DETAILS_AT = f"{_REQUEST_LOGGER}:57"
@@ -69,6 +71,14 @@ def lora_request_repr(name: str, int_id: int, path: str) -> str:
     )
 
 
+def _open_log(path: Path) -> IO[str]:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a", encoding="utf-8", buffering=1)
+    except OSError as exc:
+        raise BadInputError(f"cannot write the log file ({exc.strerror})", where=str(path)) from exc
+
+
 class VllmLogWriter:
     """Writes vLLM-format lines to a file and/or a stream; safe to share between threads."""
 
@@ -77,7 +87,7 @@ class VllmLogWriter:
     ) -> None:
         self.pid = pid
         self._lock = threading.Lock()
-        self._file = path.open("a", encoding="utf-8", buffering=1) if path else None
+        self._file = _open_log(path) if path else None
         self._stream = stream
 
     def _write(self, text: str) -> None:

@@ -1,0 +1,130 @@
+"""Reaching Redis and engines from the command line and services, with errors a user can read.
+
+Third-party connection errors (redis-py, kombu, httpx) are translated here, at the edge, into
+prewarm's own tree, so ``prewarm`` prints one line naming what it could not reach.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import kombu.exceptions
+import redis
+
+from pipeline.errors import EngineUnavailableError, PrewarmError, TransientError
+from tasks.settings import Settings
+
+BEAT_HEARTBEAT_KEY = "prewarm:beat:heartbeat"
+
+
+class RedisUnavailableError(TransientError):
+    """Redis (broker or prewarm's store) did not answer."""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0].rstrip(".")
+
+
+def redis_unavailable(url: str, exc: BaseException, role: str = "Redis") -> RedisUnavailableError:
+    """The one-line error for a Redis at ``url`` that could not be reached."""
+    return RedisUnavailableError(
+        f"cannot reach {role} at {redacted(url)} ({_reason(exc)}); start Redis there "
+        "or set PREWARM_REDIS_URL"
+    )
+
+
+def ping_redis(url: str, *, role: str = "Redis", timeout_s: float = 2.0) -> None:
+    """Raise :class:`RedisUnavailableError` unless the Redis at ``url`` answers PING."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise redis_unavailable(url, exc, role) from exc
+    except redis.ResponseError as exc:  # e.g. NOAUTH: reachable but refusing us
+        raise RedisUnavailableError(
+            f"{role} at {redacted(url)} refused PING ({_reason(exc)})"
+        ) from exc
+    finally:
+        client.close()
+
+
+def check_settings_redis(settings: Settings) -> None:
+    """Ping the broker and, when it is another server, prewarm's store."""
+    ping_redis(settings.redis_url, role="the Redis broker")
+    if settings.store_redis_url != settings.redis_url:
+        ping_redis(settings.store_redis_url, role="the Redis store")
+
+
+def translate_connection_error(
+    exc: BaseException, settings: Settings | None = None
+) -> PrewarmError | None:
+    """prewarm's error for a third-party connection failure, or ``None`` for anything else."""
+    url = settings.redis_url if settings else "the configured Redis"
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return redis_unavailable(url, exc)
+    if isinstance(exc, kombu.exceptions.OperationalError):
+        return redis_unavailable(url, exc, "the broker")
+    if isinstance(exc, httpx.TransportError):
+        where = str(exc.request.url) if _has_request(exc) else "an engine"
+        return EngineUnavailableError(f"cannot reach {where} ({_reason(exc)})")
+    return None
+
+
+def _has_request(exc: httpx.TransportError) -> bool:
+    try:
+        exc.request  # noqa: B018 - the property raises when the error carries no request
+    except RuntimeError:
+        return False
+    return True
+
+
+def record_beat_heartbeat(url: str, ttl_s: int = 600) -> None:
+    """Note that beat ticked now (read by ``prewarm health beat``)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.set(BEAT_HEARTBEAT_KEY, f"{time.time():.3f}", ex=ttl_s)
+    finally:
+        client.close()
+
+
+def beat_heartbeat_age(url: str) -> float | None:
+    """Seconds since beat last ticked, or ``None`` if it never did (or the key expired)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        value: Any = client.get(BEAT_HEARTBEAT_KEY)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise redis_unavailable(url, exc) from exc
+    finally:
+        client.close()
+    return None if value is None else time.time() - float(value)
+
+
+def check_engine_url(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """``/health`` and ``/v1/models`` of the engine at ``url``; raises if it does not answer."""
+    try:
+        with httpx.Client(base_url=url, timeout=timeout_s) as client:
+            health = client.get("/health")
+            models = client.get("/v1/models")
+    except httpx.TransportError as exc:
+        raise EngineUnavailableError(f"cannot reach engine at {url} ({_reason(exc)})") from exc
+    if health.status_code != 200 or models.status_code != 200:
+        raise EngineUnavailableError(
+            f"engine at {url} is not healthy (/health {health.status_code}, "
+            f"/v1/models {models.status_code})"
+        )
+    return {"url": url, "models": [card.get("id") for card in models.json().get("data", [])]}

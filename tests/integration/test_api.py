@@ -1,0 +1,66 @@
+"""The api service over real HTTP: health reflects Redis, metrics are Prometheus text."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+import pytest
+
+from tests.conftest import worker_env
+from tests.integration.processes import free_port, prewarm_script, wait_for_http
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def api_url(broker_url, store_url, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [prewarm_script(), "api", "--port", str(port)], env=worker_env(), cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(f"{url}/health", proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_health_answers_ok_when_redis_answers(api_url):
+    response = httpx.get(f"{api_url}/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["redis"]["broker"] == "ok"
+
+
+def test_metrics_expose_queue_depths_and_redis_state(api_url, broker_url):
+    import redis
+
+    redis.Redis.from_url(broker_url).rpush("warm", "x", "y")
+    try:
+        text = httpx.get(f"{api_url}/metrics").text
+    finally:
+        redis.Redis.from_url(broker_url).delete("warm")
+    assert 'prewarm_queue_length{queue="warm"} 2.0' in text
+    assert 'prewarm_redis_up{role="broker"} 1.0' in text
+
+
+def test_webhook_routes_are_mounted(api_url):
+    response = httpx.post(f"{api_url}/webhooks/github", content=b"{}")
+    assert response.status_code not in (404, 405)
+
+
+def test_health_is_503_naming_redis_when_it_is_down():
+    from starlette.testclient import TestClient
+
+    from jobs.api import build_api
+    from tasks.settings import Settings
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with TestClient(build_api(Settings(redis_url=url))) as client:
+        response = client.get("/health")
+    assert response.status_code == 503
+    assert url in response.json()["redis"]["broker"]
