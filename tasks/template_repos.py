@@ -95,6 +95,19 @@ class TemplateRepo:
                 raise TransientError(f"fetch of {self.config.name} failed: {exc.stderr}") from exc
             return repo.commit(f"refs/heads/{branch}").hexsha
 
+    def resolve(self, ref: str) -> str:
+        """The sha a user-given ref (sha, tag, the branch) names in the mirror."""
+        if not ref or ref.startswith("-"):
+            raise BadInputError("not a commit reference", where=ref or "(empty ref)")
+        if ref == "HEAD" or ref.startswith(("HEAD~", "HEAD^")):
+            ref = (
+                f"refs/heads/{self.config.branch}" + ref[4:]
+            )  # the mirror's HEAD is not the branch
+        try:
+            return str(self._repo().commit(ref).hexsha)
+        except (ValueError, git.BadName) as exc:
+            raise BadInputError("no such commit in the repository", where=ref) from exc
+
     def has_commit(self, sha: str) -> bool:
         """Whether the mirror holds ``sha`` (a push may arrive before the fetch sees it)."""
         try:
@@ -189,6 +202,17 @@ def _blob_bytes(tree: git.Tree, path: str, hops: int = 0) -> bytes | None:
     if hops >= 8:
         raise BadInputError("symlink chain too long", where=path)
     return _blob_bytes(tree, check_symlink(path, data.decode(errors="replace")), hops + 1)
+
+
+def local_repo_config(path: Path) -> TemplateRepoSettings:
+    """Settings for an unconfigured local repository: its current branch, default patterns."""
+    try:
+        source = git.Repo(path)
+        branch = source.active_branch.name
+    except (TypeError, git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise BadInputError(f"not a git repository with a branch ({exc})", where=str(path)) from exc
+    resolved = Path(path).resolve()
+    return TemplateRepoSettings(name=resolved.name, url=str(resolved), branch=branch)
 
 
 # --- processed state in Redis -------------------------------------------------------------------
