@@ -223,11 +223,9 @@ class TgiChunkParser:
         if "message" not in obj or "filename" not in obj:
             return None  # launcher lines keep their fields nested; nothing per request
         spans = [(s["name"], s) for s in obj.get("spans", [])]
-        if "span" in obj and not spans:
-            spans = [(obj["span"]["name"], obj["span"])]
-        elif "span" in obj:
-            name = obj["span"]["name"]
-            spans = [(n, {**f, **obj["span"]}) if n == name else (n, f) for n, f in spans]
+        leaf = obj.get("span")
+        if leaf is not None and all(f is not leaf and f != leaf for _, f in spans):
+            spans.append((leaf["name"], leaf))  # an explicit parent outside the entered scope
         event = TgiEvent(str(obj["timestamp"]), str(obj["level"]), spans,
                          str(obj.get("target", "")), str(obj["message"]), line_no)  # fmt: skip
         event.detached = obj.get("spans") == [] and "span" in obj
@@ -309,8 +307,8 @@ class TgiChunkParser:
         record["endpoint"] = fields.get("_route") or ENDPOINTS.get(handler or "")
         params_text = fields.get("parameters")
         request = fields.get("request")
-        if params_text is None and request is not None:
-            params_text = request[request.find("parameters: ") + 12 :]
+        if request is not None:  # v1.1 and older: the infer span prints the whole request
+            params_text = params_text or request[request.find("parameters: ") + 12 :]
             inputs = _INPUTS.search(request)
             if inputs is not None:
                 self._set_prompt(record, decode_rust_str(inputs.group(1)), streaming=True)
