@@ -1,0 +1,104 @@
+"""Reference warm-ups to compare prewarm against, each run on a freshly started engine.
+
+- ``none``: no warm-up (the control: a deploy as it happens today).
+- ``prime_all_seen``: one hand-made ``max_tokens=1`` priming request per template seen in the
+  history, in the order the templates first appeared there — what a replay loop does when it
+  knows the prefixes but not their value.
+- ``resend_logged``: every logged history request sent again, in logged order, with
+  ``max_tokens=1`` — the naive "replay the log".
+- ``oracle``: knows the future. Takes templates in the order of their first use after the restart
+  while their whole blocks fit the cache, and primes them in reverse, so the soonest-needed is
+  primed last (an LRU cache evicts it last).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.engines.client import PATHS, Served, prime_template, stream
+from benchmarks.engines.workload import Template, Workload
+
+
+@dataclass(frozen=True)
+class WarmContext:
+    """What a warm-up arm may use. ``capacity_blocks`` is None when the cache holds everything."""
+
+    url: str
+    model: str
+    workload: Workload
+    capacity_blocks: int | None
+    block_tokens: int
+
+
+WarmUp = Callable[[WarmContext], list[Served]]
+
+
+def no_warmup(ctx: WarmContext) -> list[Served]:
+    """The control: nothing is sent before the traffic."""
+    return []
+
+
+def prime_all_seen(ctx: WarmContext) -> list[Served]:
+    """Prime every template of the history once, in first-seen order."""
+    order = list(dict.fromkeys(r.template for r in ctx.workload.history))
+    templates = ctx.workload.templates
+    with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
+        return [prime_template(client, templates[i], ctx.model) for i in order]
+
+
+def resend_logged(ctx: WarmContext) -> list[Served]:
+    """Send every history request again, in order, with ``max_tokens=1``."""
+    w = ctx.workload
+    with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
+        served = []
+        for request in w.history:
+            ttft, usage = stream(
+                client, PATHS[request.endpoint], request.body(w.templates, ctx.model, 1)
+            )
+            served.append(Served(request.template, ttft, int(usage.get("prompt_tokens", 0)), 0))
+        return served
+
+
+def template_blocks(client: httpx.Client, template: Template, model: str, block: int) -> int:
+    """Whole cache blocks of ``template``'s head as the engine tokenizes it (``/tokenize``)."""
+    if template.endpoint == "chat":
+        body: dict = {"model": model, "messages": [{"role": "system", "content": template.text}]}
+        body["add_generation_prompt"] = False
+    else:
+        body = {"model": model, "prompt": template.text}
+    response = client.post("/tokenize", json=body)
+    response.raise_for_status()
+    return int(response.json()["count"]) // block
+
+
+def oracle_order(ctx: WarmContext, client: httpx.Client) -> list[int]:
+    """Templates in future first-use order that fit the cache, reversed (soonest last)."""
+    w = ctx.workload
+    chosen: list[int] = []
+    used = 0
+    for position in w.first_uses():
+        index = w.future[position].template
+        blocks = template_blocks(client, w.templates[index], ctx.model, ctx.block_tokens)
+        if ctx.capacity_blocks is not None and used + blocks > ctx.capacity_blocks:
+            break
+        chosen.append(index)
+        used += blocks
+    return chosen[::-1]
+
+
+def oracle(ctx: WarmContext) -> list[Served]:
+    """Prime what the future needs first, within capacity, soonest-needed last."""
+    with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
+        order = oracle_order(ctx, client)
+        return [prime_template(client, ctx.workload.templates[i], ctx.model) for i in order]
+
+
+REFERENCES: dict[str, WarmUp] = {
+    "none": no_warmup,
+    "prime_all_seen": prime_all_seen,
+    "resend_logged": resend_logged,
+    "oracle": oracle,
+}

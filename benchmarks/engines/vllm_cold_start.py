@@ -1,0 +1,256 @@
+"""Cold start after a deploy, on a real vLLM CPU engine: prewarm against no warm-up and references.
+
+What runs (see ``../shared/ENGINES.md`` for the engine and the locally built model):
+
+1. A vLLM CPU server with prefix caching serves the *history*: requests drawn from 16 templates
+   of 600-1500 tokens with short, always different user parts (chat and completions); see
+   :mod:`benchmarks.engines.workload` for the workload and why it is honest. The server's stdout
+   (``VLLM_LOGGING_LEVEL=DEBUG``: prompts, token ids, request bodies) is the history log.
+2. For each arm the server is restarted (its cache is empty, as after a deploy), the arm warms it
+   (or not), then the *future* traffic is replayed one request at a time, streaming.
+   Arms: ``prewarm`` (``prewarm ingest`` of the history log → ``prewarm plan`` → ``prewarm warm``,
+   on a real Celery worker against the test Redis), ``none`` (the control) and, where the cache
+   is smaller than the working set, ``prime_all_seen``, ``resend_logged`` and ``oracle``
+   (:mod:`benchmarks.engines.references`).
+3. For each template's first request after the restart (the requests a cold start hurts): was it
+   served from cache (``usage.prompt_tokens_details.cached_tokens > 0``) and its time to first
+   token.
+
+Settings: ``fits`` (default cache, 1024 blocks: every prefix fits; goal ≥90 % of first uses from
+cache and median TTFT ≥5× lower than ``none``) and ``half`` (``--num-gpu-blocks-override 64`` =
+8192 tokens, about half the working set; goal ≥85 % of the oracle's first-use hits and more than
+both baselines).
+
+Run from the repository root, in the project venv, with the test Redis::
+
+    PREWARM_TEST_REDIS_DB=12 python -m benchmarks.engines.vllm_cold_start --setting both
+
+Timings on a shared 2-core machine vary by about ±15 %; hits are exact. The load average is
+recorded with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.engines.client import Served, replay
+from benchmarks.engines.engine import (
+    CPU_BLOCK_TOKENS,
+    SERVED_NAME,
+    VllmServer,
+    free_port,
+    missing_prerequisites,
+    vllm_model,
+)
+from benchmarks.engines.references import REFERENCES, WarmContext
+from benchmarks.engines.workload import Workload, build_workload
+
+#: The default 2 GiB KV cache of this model holds 1024 blocks of 128 tokens.
+SETTINGS: dict[str, tuple[int | None, tuple[str, ...]]] = {
+    "fits": (None, ("none", "prewarm")),
+    "half": (64, ("none", "prewarm", "prime_all_seen", "resend_logged", "oracle")),
+}
+
+
+@dataclass
+class ArmResult:
+    """One arm's outcome on the future traffic."""
+
+    arm: str
+    first_uses: int
+    first_use_hits: int
+    first_use_ttft_median_s: float
+    first_use_ttft_s: list[float]
+    all_hits: int
+    all_requests: int
+    warm_requests: int
+    warm_s: float
+    ready_s: float
+    load: str
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load average (the machine is shared)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def token_counter():
+    """Token counts with the model's own tokenizer (``tokenizers`` reads tokenizer.json)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(vllm_model() / "tokenizer.json"))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def summarize(arm: str, served: list[Served], workload: Workload, **extra) -> ArmResult:
+    """First-use hits and TTFT of one arm's replay of the future."""
+    firsts = [served[p] for p in workload.first_uses()]
+    ttfts = [s.ttft_s for s in firsts]
+    return ArmResult(
+        arm=arm,
+        first_uses=len(firsts),
+        first_use_hits=sum(s.hit for s in firsts),
+        first_use_ttft_median_s=round(statistics.median(ttfts), 4),
+        first_use_ttft_s=[round(t, 4) for t in ttfts],
+        all_hits=sum(s.hit for s in served),
+        all_requests=len(served),
+        **extra,
+    )
+
+
+@dataclass
+class Harness:
+    """One setting's run: a port, a work directory, the workload, and the warm-up arms."""
+
+    setting: str
+    out: Path
+    workload: Workload
+    port: int
+
+    @property
+    def gpu_blocks(self) -> int | None:
+        return SETTINGS[self.setting][0]
+
+    def server(self, name: str) -> VllmServer:
+        return VllmServer(self.port, self.out / f"{name}.log", gpu_blocks=self.gpu_blocks)
+
+    def context(self, url: str) -> WarmContext:
+        # One block is vLLM's null block and never caches anything.
+        capacity = None if self.gpu_blocks is None else self.gpu_blocks - 1
+        return WarmContext(url, SERVED_NAME, self.workload, capacity, CPU_BLOCK_TOKENS)
+
+    def serve_history(self) -> Path:
+        """Serve the history on a fresh engine; return its log."""
+        server = self.server("history")
+        with server:
+            replay(server.url, self.workload.history, self.workload.templates, SERVED_NAME)
+        return server.log_path
+
+    def run_arm(self, arm: str, warm) -> ArmResult:
+        """Restart the engine, warm it with ``warm(ctx)``, replay the future, summarize."""
+        server = self.server(arm)
+        ready_s = server.start()
+        try:
+            started = time.monotonic()
+            warmed = warm(self.context(server.url))
+            warm_s = time.monotonic() - started
+            served = replay(server.url, self.workload.future, self.workload.templates, SERVED_NAME)
+        finally:
+            server.stop()
+        return summarize(
+            arm, served, self.workload, warm_requests=len(warmed), warm_s=round(warm_s, 2),
+            ready_s=round(ready_s, 1), load=load_average(),
+        )  # fmt: skip
+
+
+def make_prewarm(harness: Harness, history_log: Path):
+    """The prewarm arm's warm function, with a real Celery worker for the whole setting."""
+    from benchmarks.engines.prewarm_arm import PrewarmRun, warm_with_prewarm
+    from benchmarks.engines.worker import prewarm_environment
+
+    work = harness.out / "prewarm"
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "prewarm.toml"
+    run = PrewarmRun(work, prewarm_environment(config))
+    return run, config, lambda ctx: warm_with_prewarm(run, history_log, ctx)
+
+
+def run_setting(setting: str, out: Path, workload: Workload, arms: Sequence[str]) -> dict:
+    """Serve the history, then every arm on a restarted engine; return the results."""
+    harness = Harness(setting, out, workload, free_port())
+    started, load_before = time.monotonic(), load_average()
+    history_log = harness.serve_history()
+    results = []
+    for arm in arms:
+        if arm == "prewarm":
+            results.append(run_prewarm_arm(harness, history_log))
+        else:
+            results.append(harness.run_arm(arm, REFERENCES[arm]))
+        print(json.dumps(asdict(results[-1])), flush=True)
+    return {
+        "setting": setting,
+        "gpu_blocks": harness.gpu_blocks,
+        "history_log": str(history_log),
+        "load_before": load_before,
+        "load_after": load_average(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "arms": [asdict(r) for r in results],
+    }
+
+
+def run_prewarm_arm(harness: Harness, history_log: Path) -> ArmResult:
+    """The prewarm arm with its worker started before and stopped after."""
+    from benchmarks.engines.prewarm_arm import settings_toml
+    from benchmarks.engines.worker import running_worker
+
+    run, config, warm = make_prewarm(harness, history_log)
+    cache = None if harness.gpu_blocks is None else harness.gpu_blocks * CPU_BLOCK_TOKENS
+    url = f"http://127.0.0.1:{harness.port}"
+    config.write_text(settings_toml(url, SERVED_NAME, cache))
+    with running_worker(run.work_dir / "worker.log", run.env):
+        result = harness.run_arm("prewarm", warm)
+    (run.work_dir / "commands.txt").write_text("\n".join(run.commands) + "\n")
+    return result
+
+
+def goals(result: dict) -> dict:
+    """The issue's goals for one setting, computed from its arms."""
+    arms = {a["arm"]: a for a in result["arms"]}
+    pre, none = arms.get("prewarm"), arms.get("none")
+    out: dict = {}
+    if pre and none:
+        out["hit_rate"] = round(pre["first_use_hits"] / max(1, pre["first_uses"]), 3)
+        ratio = none["first_use_ttft_median_s"] / max(1e-9, pre["first_use_ttft_median_s"])
+        out["ttft_ratio_none_over_prewarm"] = round(ratio, 2)
+    if pre and "oracle" in arms:
+        out["share_of_oracle"] = round(
+            pre["first_use_hits"] / max(1, arms["oracle"]["first_use_hits"]), 3
+        )
+        out["beats_baselines"] = all(
+            pre["first_use_hits"] > arms[b]["first_use_hits"]
+            for b in ("prime_all_seen", "resend_logged")
+            if b in arms
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setting", choices=[*SETTINGS, "both"], default="both")
+    parser.add_argument("--arms", help="comma-separated subset of the setting's arms")
+    parser.add_argument("--out", type=Path, default=Path(f"/tmp/prewarm-vllm-{int(time.time())}"))
+    parser.add_argument("--templates", type=int, default=16)
+    parser.add_argument("--history", type=int, default=128)
+    parser.add_argument("--future", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    reason = missing_prerequisites()
+    if reason:
+        raise SystemExit(f"cannot run: {reason}")
+    workload = build_workload(
+        token_counter(), args.templates, args.history, args.future, seed=args.seed
+    )
+    settings = list(SETTINGS) if args.setting == "both" else [args.setting]
+    report = []
+    for setting in settings:
+        arms = SETTINGS[setting][1]
+        if args.arms:
+            arms = tuple(a for a in args.arms.split(",") if a in arms)
+        result = run_setting(setting, args.out / setting, workload, arms)
+        result["goals"] = goals(result)
+        report.append(result)
+        print(json.dumps({"setting": setting, "goals": result["goals"]}), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    print(f"results: {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
