@@ -118,13 +118,15 @@ class TemplateRepo:
 
     def changed_files(self, old: str | None, new: str) -> list[FileChange]:
         """Files changed from ``old`` (None: the empty tree) to ``new``, with renames detected."""
+        if is_null_sha(old):
+            # Against nothing, every template file is new. (GitPython's NULL_TREE diff runs
+            # ``diff-tree --root``, which compares a commit with its parent, not with nothing.)
+            return [FileChange("A", path) for path in self.template_files(new)]
         repo = self._repo()
         commit = repo.commit(check_sha(new, "after"))
-        base = git.NULL_TREE if is_null_sha(old) else repo.commit(check_sha(old or "", "before"))
-        # GitPython describes commit -> base, except against the empty tree (``--root``), so
-        # R reverses it to base -> commit only for a real base.
-        diffs = commit.diff(base, R=base is not git.NULL_TREE, M=True)
-        found = [_file_change(diff) for diff in diffs]
+        base = repo.commit(check_sha(old or "", "before"))
+        # GitPython describes commit -> base; R reverses it to base -> commit.
+        found = [_file_change(diff) for diff in commit.diff(base, R=True, M=True)]
         return [f for f in found if self._relevant(f)]
 
     def _relevant(self, change: FileChange) -> bool:

@@ -96,6 +96,15 @@ def test_first_sync_reads_every_template(source, tmp_path):
     assert {c.kind for c in changes} == {ChangeKind.ADDED} and len(changes) == 6
 
 
+def test_from_nothing_every_template_is_added_even_after_later_commits(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    source.write("docs/notes.txt", "unrelated")
+    head = source.commit("second")
+    assert mirror.sync() == head
+    changes, _ = mirror.changes("0" * 40, head)
+    assert len(changes) == 6 and {c.kind for c in changes} == {ChangeKind.ADDED}
+
+
 def test_text_only_edit_rewarms_only_that_template(source, tmp_path):
     mirror = _mirror(source, tmp_path)
     old = mirror.sync()
