@@ -3,7 +3,8 @@
 The entry points other parts call::
 
     submit_plan(plan: WarmPlan, engine_name: str | None = None, *,
-                options: WarmOptions | None = None, settings: Settings | None = None) -> str
+                options: WarmOptions | None = None, settings: Settings | None = None,
+                queue: str | None = None) -> str
         Store the plan in Redis and send its batches as a Celery chord (``options.ordered``:
         a chain, batch after batch, so an engine's LRU ends with the plan's last items).
         Returns the plan id. ``engine_name`` defaults to ``plan.engine``; it must be configured.
@@ -65,17 +66,22 @@ def submit_plan(
     *,
     options: WarmOptions | None = None,
     settings: Settings | None = None,
+    queue: str | None = None,
 ) -> str:
-    """Store ``plan`` and send its batches to the workers; returns the plan id."""
+    """Store ``plan`` and send its batches to the workers; returns the plan id.
+
+    ``queue`` overrides the ``warm`` queue (a dedicated pool of warm-up workers).
+    """
     from tasks.celery_app import app
 
     settings = settings or current_settings()
     engine = settings.engine(engine_name or plan.engine).name
     options = options or WarmOptions(batch_size=plan.budget.batch_size)
     batches = _plans(settings).save(plan, engine, options)
-    sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True)
+    route = {"queue": queue} if queue else {}
+    sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True, **route)
             for n in range(batches)]  # fmt: skip
-    finish = app.signature("prewarm.warm.finish", (plan.plan_id,), immutable=True)
+    finish = app.signature("prewarm.warm.finish", (plan.plan_id,), immutable=True, **route)
     if not sigs:
         finish.apply_async()
     elif options.ordered:
@@ -130,8 +136,9 @@ def run_batch(self: Any, plan_id: str, batch: int) -> dict[str, Any]:
     """Run one batch of a stored plan as one WAL transaction; idempotent by (plan, batch)."""
     try:
         return _runner().run(plan_id, batch)
-    except (BatchBusy, LeaseLost) as exc:
-        raise self.retry(exc=exc, countdown=current_settings().wal_lease_s) from exc
+    except (BatchBusy, LeaseLost, redis.ConnectionError, redis.TimeoutError) as exc:
+        # Long enough for a dead attempt's lease to run out and the sweep to roll it back.
+        raise self.retry(exc=exc, countdown=3 * current_settings().wal_lease_s) from exc
 
 
 @shared_task(name="prewarm.warm.finish", acks_late=True)

@@ -76,13 +76,18 @@ def _chunks(items: Sequence[WarmItem], size: int) -> list[Sequence[WarmItem]]:
 
 
 def _summary(
-    plan_id: str, batch: int, txn_id: str, state: str, results: Sequence[ItemResult], started: float
+    plan_id: str,
+    batch: int,
+    ctx: BatchContext,
+    state: str,
+    results: Sequence[ItemResult],
+    started: float,
 ) -> dict[str, Any]:
     failed = [r for r in results if not r.ok]
     return {
         "plan": plan_id,
         "batch": batch,
-        "txn": txn_id,
+        "txn": ctx.txn_id,
         "state": state,
         "items": len(results),
         "ok": len(results) - len(failed),
@@ -90,6 +95,7 @@ def _summary(
         "failures": [f"{r.key}: {r.detail}" for r in failed[:5]],
         "seconds": round(time.perf_counter() - started, 4),
         "pid": os.getpid(),
+        "engine_requests": ctx.engine.requests - ctx.requests_at_start,
     }
 
 
@@ -159,6 +165,7 @@ class BatchRunner:
             self.store, client, options, adapter_paths=adapter_target.adapter_paths(engine.adapters)
         )
         self.plans.count_run(plan_id, batch)
+        ctx.requests_at_start = client.requests
         with semaphore.slot(wait_s=max(60.0, self.settings.wal_lease_s), holder=owner):
             if not options.use_wal:
                 return self._run_plain(plan_id, batch, items, ctx, started)
@@ -182,7 +189,7 @@ class BatchRunner:
         ]
         if ctx.options.verify:
             verify_items(items, results, ctx)
-        summary = _summary(plan_id, batch, "", "committed", results, started)
+        summary = _summary(plan_id, batch, ctx, "committed", results, started)
         with self.store.pipeline() as pipe:
             self.plans.record_result(pipe, plan_id, summary)
             pipe.execute()
@@ -209,7 +216,7 @@ class BatchRunner:
         failed = sum(1 for r in results if not r.ok)
         if results and failed / len(results) > ctx.options.max_failure_ratio:
             return self._roll_back(plan_id, batch, results, ctx, started, undo)
-        summary = _summary(plan_id, batch, txn_id, "committed", results, started)
+        summary = _summary(plan_id, batch, ctx, "committed", results, started)
         restore = [r.redis_key for r in results if not r.ok and r.redis_key]
         wal.finish(
             txn_id,
@@ -229,7 +236,7 @@ class BatchRunner:
         started: float,
         undo: Any,
     ) -> dict[str, Any]:
-        summary = _summary(plan_id, batch, ctx.txn_id, "rolled_back", results, started)
+        summary = _summary(plan_id, batch, ctx, "rolled_back", results, started)
         try:
             self.wal.rollback(
                 ctx.txn_id,

