@@ -31,6 +31,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.simulator.cli",
     "jobs.services",
     "jobs.checks",
+    "jobs.demo",
     "jobs.watchers",
     "jobs.templates_cli",
 ]

@@ -13,7 +13,7 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,14 +107,12 @@ class GenerationRequest:
 def _text_tokens(prompt: str, block_size: int) -> tuple[list[int], list[str]]:
     spans = pseudo_token_spans(prompt)
     ids = [token_id(prompt[a:b]) for a, b in spans]
-    # vLLM always recomputes the last prompt token, so a block ending on it is never reused.
-    usable = (len(ids) - 1) // block_size if ids else 0
-    return ids, [block.hash for block in prefix_chain(prompt, block_size)[:usable]]
+    return ids, [block.hash for block in prefix_chain(prompt, block_size)]
 
 
-def _id_tokens(ids: Sequence[int], block_size: int) -> list[str]:
-    usable = (len(ids) - 1) // block_size if ids else 0
-    return block_hashes_from_ids(ids, block_size)[:usable]
+def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
+    """Whole blocks a prompt may hit: vLLM always recomputes the last prompt token."""
+    return (prompt_tokens - 1) // block_size if prompt_tokens else 0
 
 
 class StatsWindow:
@@ -171,7 +169,7 @@ class SimulatedEngine:
             ids, chain = _text_tokens(request.prompt, self.config.block_size)
         else:
             ids = list(request.prompt_token_ids or [])
-            chain = _id_tokens(ids, self.config.block_size)
+            chain = block_hashes_from_ids(ids, self.config.block_size)
         if request.adapter is not None:
             chain = [f"{request.adapter.name}/{h}" for h in chain]  # adapters never share KV
         if len(ids) + request.params.max_tokens > self.config.max_model_len:
@@ -265,7 +263,10 @@ class Generation:
         self._holding_slot = True
         engine.running += 1
         engine.metrics.running.set(engine.running)
-        hit = engine.cache.lookup(self.chain)
+        # Lookup stops short of the last token; every computed whole block is stored after.
+        hit = engine.cache.lookup(
+            self.chain[: reusable_blocks(self.prompt_tokens, engine.config.block_size)]
+        )
         self.cached_tokens = hit.hit_blocks * engine.config.block_size
         await _sleep(engine.config.latency.prefill_s(self.prompt_tokens - self.cached_tokens))
         engine.cache.insert(self.chain)

@@ -61,6 +61,13 @@ def test_an_identical_prompt_recomputes_at_least_its_last_token(sim):
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
 
 
+def test_a_primed_prefix_is_cached_to_its_last_whole_block(sim):
+    prefix = "one two three four " * 8  # exactly 2 blocks, as a warm-up request sends it
+    httpx.post(f"{sim.url}/v1/completions", json={"prompt": prefix, "max_tokens": 1})
+    full = httpx.post(f"{sim.url}/v1/completions", json={"prompt": prefix + "and a question?"})
+    assert full.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
 def test_outputs_and_logprobs_are_deterministic(sim):
     body = {"prompt": "Summarise the invoice.", "max_tokens": 6, "logprobs": 2}
     one = httpx.post(f"{sim.url}/v1/completions", json=body).json()["choices"][0]
