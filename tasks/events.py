@@ -120,12 +120,20 @@ def _prompts(records_path: Path) -> pd.Series:
     return frame["prompt"]
 
 
+def update_hotness(
+    settings: Settings, store: redis.Redis, repo: str, records_path: Path
+) -> dict[str, Any]:
+    """Count the requests of a records file per template of ``repo`` and store the counts."""
+    mirror = TemplateRepo(repo_config(settings, repo), settings.data_dir)
+    templates = mirror.templates_at(mirror.sync(), rejects=[])
+    prompts = _prompts(records_path)
+    counts = template_hotness(prompts, templates.values())
+    store_hotness(store, repo, dict(counts))
+    return {"repo": repo, "requests": len(prompts), "matched": sum(counts.values())}
+
+
 @shared_task(name="prewarm.events.template_hotness", acks_late=True)
 def template_hotness_task(repo: str, records_path: str) -> dict[str, Any]:
     """Match request prompts (a records Parquet file) to ``repo``'s templates by static prefix."""
     settings = current_settings()
-    mirror = TemplateRepo(repo_config(settings, repo), settings.data_dir)
-    templates = mirror.templates_at(mirror.sync(), rejects=[])
-    counts = template_hotness(_prompts(Path(records_path)), templates.values())
-    store_hotness(store_client(settings), repo, dict(counts))
-    return {"repo": repo, "templates": len(templates), "matched": sum(counts.values())}
+    return update_hotness(settings, store_client(settings), repo, Path(records_path))

@@ -271,3 +271,32 @@ def test_failed_rewarm_leaves_the_old_version_serving(source, tmp_path, store):
     assert store.get(old_key) is not None
     assert last_sha(store, "acme/prompts") == first
     assert transaction(store, "acme/prompts", head)["state"] == "rolled_back"
+
+
+def test_hotness_from_request_records_orders_the_rewarm(source, tmp_path, store):
+    from pipeline.records import records_frame
+    from tasks.events import update_hotness
+    from tasks.rewarm import hotness
+    from tasks.settings import Settings
+
+    prompts = [SUPPORT.split("{{")[0] + "Where is my parcel?"] * 5 + [
+        "Billing desk. Quote the invoice number.\nline"
+    ] * 9
+    prompts += [None, "unrelated prompt"]
+    path = tmp_path / "records.parquet"
+    records_frame([{"prompt": p, "request_id": str(i)} for i, p in enumerate(prompts)]).to_parquet(
+        path
+    )
+    config = TemplateRepoSettings(name="acme/prompts", url=str(source.root))
+    settings = Settings(template_repos=(config,), data_dir=tmp_path / "data")
+    summary = update_hotness(settings, store, "acme/prompts", path)
+    assert summary == {"repo": "acme/prompts", "requests": 16, "matched": 14}
+    heat = hotness(store, "acme/prompts")
+    assert heat == {"prompts/support.jinja": 5, "prompts/billing.j2": 9}
+    mirror = _mirror(source, tmp_path)
+    old = mirror.sync()
+    source.write("prompts/support.jinja", SUPPORT.replace("Escalate", "Route"))
+    source.write("prompts/billing.j2", BILLING.replace("Quote", "Always quote"))
+    changes, _, _ = _diff(source, mirror, old)
+    plan = rewarm_set(changes, heat)
+    assert [t.template_id for t in plan.warm] == ["prompts/billing.j2", "prompts/support.jinja"]

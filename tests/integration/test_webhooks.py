@@ -367,3 +367,18 @@ def test_unwatched_branch_is_ignored(receiver):
     response = receiver.post("github", body, github_headers(body))
     assert response.status_code == 200 and response.json()["status"] == "ignored"
     assert receiver.queued() == 0
+
+
+def test_the_api_service_mounts_the_webhooks_and_counts_deliveries(
+    celery_app_configured, store_url
+):
+    from jobs.api import build_api
+
+    body = json.dumps(github_push()).encode()
+    with serve(build_api()) as url:
+        unsigned = httpx.post(
+            f"{url}/webhooks/github", content=body, headers={"X-GitHub-Event": "push"}
+        )
+        metrics = httpx.get(f"{url}/metrics").text
+    assert unsigned.status_code == 401
+    assert 'prewarm_webhook_deliveries_total{forge="github",status="401"}' in metrics
