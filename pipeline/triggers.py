@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 HIT_RATE_DROP = "hit_rate_drop"
 REQUEST_SPIKE = "request_spike"
 KEY_DRIFT = "key_drift"
@@ -311,3 +313,24 @@ def samples_from_stats(rows: Iterable[Mapping[str, Any]]) -> list[EngineSample]:
             )
         )
     return samples
+
+
+def drift_events(
+    counts: pd.DataFrame,
+    item_kind: str = "prefix",
+    engine: str = "fleet",
+    detector: DriftDetector | None = None,
+    cooldown: Cooldown | None = None,
+) -> list[TriggerEvent]:
+    """Key-drift events over item × window counts (``pipeline.windows`` counts shape)."""
+    detector = detector or DriftDetector()
+    rows = counts[counts["item_kind"] == item_kind]
+    events = []
+    for window_start, window in rows.groupby("window_start", sort=True):
+        keyed = dict(zip(window["item_key"], window["requests"].astype(float), strict=True))
+        event = detector.observe(engine, pd.Timestamp(window_start).timestamp(), keyed)
+        if cooldown is not None:
+            event = cooldown.allow(event)
+        if event is not None:
+            events.append(event)
+    return events

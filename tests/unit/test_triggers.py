@@ -169,3 +169,38 @@ def test_stats_line_rows_feed_the_hit_rate_detector():
         and fired[0].ts == times[-1].timestamp()
         and fired[0].detail["waiting"] == 3.0
     )
+
+
+def test_drift_over_window_counts_of_records():
+    import pandas as pd
+
+    from pipeline.records import records_frame
+    from pipeline.triggers import drift_events
+    from pipeline.windows import item_window_counts
+
+    rng = random.Random(5)
+    start = pd.Timestamp("2025-01-01", tz="UTC")
+    rows = []
+    for minute in range(120):
+        topics = (
+            [f"old topic {i}" for i in range(15)]
+            if minute < 90
+            else [f"new topic {i}" for i in range(3)]
+        )
+        for n in range(20):
+            prompt = f"{rng.choice(topics)} question {n}"
+            rows.append(
+                {
+                    "ts": start + pd.Timedelta(minutes=minute, seconds=n),
+                    "prompt": prompt,
+                    "prefix_hashes": [prompt.split(" question")[0]],
+                }
+            )
+    counts = item_window_counts(records_frame(rows), window="10min")
+    raw = drift_events(counts, "prefix", detector=DriftDetector(windows=3, threshold=0.35))
+    assert raw and pd.Timestamp(raw[0].ts, unit="s", tz="UTC") == start + pd.Timedelta(minutes=90)
+    assert all(e.ts >= raw[0].ts for e in raw)  # nothing before the shift
+    calm = drift_events(
+        counts, "prefix", detector=DriftDetector(windows=3, threshold=0.35), cooldown=Cooldown(3600)
+    )
+    assert [e.ts for e in calm] == [raw[0].ts]
