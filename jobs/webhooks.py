@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from starlette.routing import Route
 from tasks.events import claim_delivery, queue_repo_changed, release_delivery, store_client
 from tasks.settings import Settings, TemplateRepoSettings, current_settings
 
+_SHA = re.compile(r"\A(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})\Z")
 MAX_BODY_BYTES = 1024 * 1024  # GitHub caps payloads at 25 MB; a push of templates is far smaller
 Enqueue = Callable[[str, str | None, str | None], str]
 
@@ -124,8 +126,8 @@ class Forge:
         ref, before, after = payload.get("ref"), payload.get("before"), payload.get("after")
         if not names or not isinstance(ref, str):
             raise Refused(422, "payload lacks the repository name or the ref")
-        if not all(isinstance(v, str | None) for v in (before, after)):
-            raise Refused(422, "before/after must be strings")
+        if not all(v is None or (isinstance(v, str) and _SHA.match(v)) for v in (before, after)):
+            raise Refused(422, "before/after must be commit shas")
         return Push(names, ref, before, after)
 
 

@@ -25,6 +25,7 @@ from tasks.template_repos import TemplateRepo, check_sha, is_null_sha, last_sha,
 
 DELIVERY_TTL_S = 7 * 24 * 3600
 _DELIVERY = "prewarm:webhooks:delivery:{forge}:{delivery}"
+_LOCK = "prewarm:templates:{repo}:lock"
 
 
 @lru_cache(maxsize=4)
@@ -54,9 +55,31 @@ def release_delivery(store: redis.Redis, forge: str, delivery: str, body: bytes)
 def process_push(
     settings: Settings, store: redis.Redis, name: str, before: str | None, after: str | None
 ) -> dict[str, Any]:
-    """Sync ``name``, diff from the last processed sha to ``after`` and re-warm what changed."""
-    config = repo_config(settings, name)
-    repo = TemplateRepo(config, settings.data_dir)
+    """Sync ``name``, diff from the last processed sha to ``after`` and re-warm what changed.
+
+    One push per repository at a time (a Redis lock): two pushes processed side by side could
+    otherwise commit out of order and leave an older version serving.
+    """
+    repo = TemplateRepo(repo_config(settings, name), settings.data_dir)
+    lock = store.lock(
+        _LOCK.format(repo=name), timeout=settings.visibility_timeout_s, blocking_timeout=0
+    )
+    if not lock.acquire():
+        raise TransientError(f"{name}: another push is being processed")
+    try:
+        return _process_locked(settings, store, repo, before, after)
+    finally:
+        lock.release()
+
+
+def _process_locked(
+    settings: Settings,
+    store: redis.Redis,
+    repo: TemplateRepo,
+    before: str | None,
+    after: str | None,
+) -> dict[str, Any]:
+    name = repo.config.name
     head = repo.sync()
     target = head if is_null_sha(after) else check_sha(after or "", "after")
     if not repo.has_commit(target):
@@ -64,11 +87,12 @@ def process_push(
     base = last_sha(store, name) or (
         None if is_null_sha(before) else check_sha(before or "", "before")
     )
-    if base == target:
-        return {"repo": name, "sha": target, "status": "up-to-date"}
+    if base is not None and repo.has_commit(base) and repo.is_ancestor(target, base):
+        # Already processed, or an older push arriving late: never step back to it.
+        return {"repo": name, "sha": target, "status": "up-to-date", "serving": base}
     changes, rejects = repo.changes(base, target)
     plan = rewarm_set(changes, hotness(store, name), rejects)
-    record = rewarm_repo(settings, store, config, target, plan)
+    record = rewarm_repo(settings, store, repo.config, target, plan)
     return {"repo": name, "sha": target, "base": base, "status": "committed", **_brief(record)}
 
 

@@ -116,6 +116,16 @@ class TemplateRepo:
             return False
         return True
 
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        """Whether ``older`` is ``newer`` or one of its ancestors."""
+        try:
+            self._repo().git.merge_base(
+                "--is-ancestor", check_sha(older, "sha"), check_sha(newer, "sha")
+            )
+        except git.GitCommandError:
+            return False
+        return True
+
     def changed_files(self, old: str | None, new: str) -> list[FileChange]:
         """Files changed from ``old`` (None: the empty tree) to ``new``, with renames detected."""
         if is_null_sha(old):

@@ -300,3 +300,26 @@ def test_hotness_from_request_records_orders_the_rewarm(source, tmp_path, store)
     changes, _, _ = _diff(source, mirror, old)
     plan = rewarm_set(changes, heat)
     assert [t.template_id for t in plan.warm] == ["prompts/billing.j2", "prompts/support.jinja"]
+
+
+def test_pushes_processed_out_of_order_never_step_back(source, tmp_path, store):
+    from pipeline.errors import TransientError
+    from tasks.events import process_push
+    from tasks.settings import Settings
+
+    config = TemplateRepoSettings(name="acme/prompts", url=str(source.root))
+    settings = Settings(template_repos=(config,), data_dir=tmp_path / "data")
+    first = source.repo.head.commit.hexsha
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
+    second = source.commit()
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "terse"))
+    third = source.commit()
+    assert process_push(settings, store, "acme/prompts", None, third)["status"] == "committed"
+    version = serving(store, "acme/prompts")["prompts/support.jinja"]["version"]
+    late = process_push(settings, store, "acme/prompts", first, second)
+    assert late["status"] == "up-to-date"
+    assert serving(store, "acme/prompts")["prompts/support.jinja"]["version"] == version
+    assert last_sha(store, "acme/prompts") == third
+    lock = store.lock("prewarm:templates:acme/prompts:lock", timeout=30)
+    with lock, pytest.raises(TransientError, match="another push"):
+        process_push(settings, store, "acme/prompts", None, third)

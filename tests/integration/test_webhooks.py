@@ -382,3 +382,11 @@ def test_the_api_service_mounts_the_webhooks_and_counts_deliveries(
         metrics = httpx.get(f"{url}/metrics").text
     assert unsigned.status_code == 401
     assert 'prewarm_webhook_deliveries_total{forge="github",status="401"}' in metrics
+
+
+def test_a_sha_that_is_not_a_sha_is_422(receiver):
+    payload = github_push()
+    payload["after"] = "--upload-pack=touch /tmp/pwned"
+    body = json.dumps(payload).encode()
+    assert receiver.post("github", body, github_headers(body)).status_code == 422
+    assert receiver.queued() == 0
