@@ -17,7 +17,7 @@ from functools import lru_cache
 from pipeline.errors import BadInputError
 from pipeline.keys import CacheKey, content_hash, params_hash
 from pipeline.plan import WarmItem
-from pipeline.prefix import count_tokens
+from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.templates import Template, repo_relative_path, templates_in_file
 
 
@@ -265,14 +265,21 @@ def version_tag(template: Template) -> str:
 
 
 def rewarm_items(
-    rewarm: RewarmSet, model: str, hotness: Mapping[str, int] | None = None, tenant: str = "default"
+    rewarm: RewarmSet,
+    model: str,
+    hotness: Mapping[str, int] | None = None,
+    tenant: str = "default",
+    min_tokens: int = DEFAULT_BLOCK_SIZE,
 ) -> list[WarmItem]:
-    """Prefix items for the new versions (hottest first); templates without a literal head have
-    nothing an engine can cache ahead of the request, so they carry no item."""
+    """Prefix items for the new versions (hottest first).
+
+    A head shorter than one cache block (``min_tokens``) gives an engine nothing to cache ahead
+    of the request — it caches whole blocks only — so such templates carry no item.
+    """
     hotness = hotness or {}
     items = []
     for template in rewarm.warm:
-        if not template.static_prefix.strip():
+        if count_tokens(template.static_prefix) < min_tokens:
             continue
         tag = version_tag(template)
         key = CacheKey("prefix", model, tag, params_hash({}), content_hash(template.static_prefix))

@@ -105,9 +105,14 @@ def test_prompts_match_the_longest_static_prefix():
 
 
 def test_rewarm_items_carry_the_version_in_key_and_skip_empty_heads():
-    t = _t("a.jinja", "A long enough static head for priming. {{ x }}")
+    t = _t(
+        "a.jinja",
+        "A long enough static head for priming, well over one whole block of pseudo tokens. "
+        "{{ x }}",
+    )
     empty = _t("b.jinja", "{{ bos_token }}{{ x }}")
-    plan = rewarm_set(classify({}, {"a.jinja": t, "b.jinja": empty}, {}))
+    short = _t("c.jinja", "<|system|>{{ x }}")  # under one cache block: nothing to prime
+    plan = rewarm_set(classify({}, {"a.jinja": t, "b.jinja": empty, "c.jinja": short}, {}))
     (item,) = rewarm_items(plan, "llama", {"a.jinja": 7})
     assert item.kind == "prefix" and item.text == t.static_prefix and item.predicted_hits == 7
     assert item.template == version_tag(t) and t.version in item.key
