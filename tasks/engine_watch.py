@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.errors import BadInputError
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
+from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.triggers import EngineSample, ReplicaObservation, TriggerEvent, replica_event
 from tasks.celery_app import app
 from tasks.events import store_client
@@ -120,7 +121,7 @@ def replica_items(settings: Settings, store: redis.Redis, engine: EngineSettings
         heat = hotness(store, repo.name)
         for template_id, record in serving(store, repo.name).items():
             head = record.get("static_prefix") or ""
-            if head.strip():
+            if count_tokens(head) >= DEFAULT_BLOCK_SIZE:  # engines cache whole blocks only
                 key = f"template-head:{engine.name}:{record['tag']}"
                 item = WarmItem(
                     kind="prefix", key=key, model=engine.model, text=head, template=record["tag"]

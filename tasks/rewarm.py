@@ -30,13 +30,13 @@ from pipeline.wal import TxnState
 from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 from tasks.targets.base import WarmOptions
+from tasks.template_repos import sha_key
 from tasks.warm_batch import BatchRunner
 
 Primer = Callable[[Sequence[WarmItem]], None]
 
 _SERVING = "prewarm:templates:{repo}:serving"
 _TXN = "prewarm:templates:{repo}:txn:{sha}"
-_SHA = "prewarm:templates:{repo}:sha"
 _HOTNESS = "prewarm:templates:{repo}:hotness"
 _TXN_TTL_S = 7 * 24 * 3600
 _GLOB_SPECIALS = str.maketrans({c: f"\\{c}" for c in "*?[]\\"})
@@ -111,7 +111,7 @@ def _commit(store: redis.Redis, repo: str, sha: str, rewarm: RewarmSet, txn_key:
         for template in rewarm.retire:
             if template.template_id not in warm_ids:
                 pipe.hdel(_SERVING.format(repo=repo), template.template_id)
-        pipe.set(_SHA.format(repo=repo), sha)
+        pipe.set(sha_key(repo), sha)
         pipe.execute()
 
 

@@ -234,6 +234,11 @@ def _key(repo: str, field: str) -> str:
     return _STATE_KEY.format(repo=repo, field=field)
 
 
+def sha_key(repo: str) -> str:
+    """Redis key of the last processed sha of ``repo``."""
+    return _key(repo, "sha")
+
+
 def last_sha(store: redis.Redis, repo: str) -> str | None:
     """The last sha whose templates were re-warmed, or None."""
     raw = store.get(_key(repo, "sha"))
