@@ -31,6 +31,8 @@ ENDPOINTS = ("completions", "chat")
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
 #: Fixed cost of one warm-up request (HTTP, scheduling, one decode step).
 DEFAULT_REQUEST_OVERHEAD_S = 0.01
+#: What the first request to an unloaded LoRA adapter waits for its load.
+DEFAULT_ADAPTER_LOAD_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ class EngineCost:
 
     prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
+    adapter_load_s: float = DEFAULT_ADAPTER_LOAD_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,13 @@ def warm_cost_s(item: WarmItem, cost: EngineCost) -> float:
 
 
 def score_item(item: WarmItem, cost: EngineCost, weight: float = 1.0) -> float:
-    """Seconds ``item`` saves in the next window minus what warming it costs."""
+    """Seconds ``item`` saves in the next window minus what warming it costs.
+
+    An adapter saves its load time once (on the first request), not per hit.
+    """
+    if item.kind == "adapter":
+        saved = cost.adapter_load_s if item.predicted_hits > 0 else 0.0
+        return saved * weight - cost.request_overhead_s
     saved_per_hit = item.tokens * cost.prefill_s_per_token
     return item.predicted_hits * saved_per_hit * weight - warm_cost_s(item, cost)
 

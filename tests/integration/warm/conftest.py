@@ -46,7 +46,7 @@ def start_worker(log: Path, config: Path, queue: str, concurrency: int = 2) -> W
     return worker
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def sim() -> Iterator[SimulatorServer]:
     """A simulator with a small fixed cost per request (2 ms), so batches take a moment."""
     config = SimulatorConfig(model=MODEL, latency=LatencyModel(0.0, 0.0, 2.0))
@@ -54,22 +54,22 @@ def sim() -> Iterator[SimulatorServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def warm_config(sim: SimulatorServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_config(tmp_path_factory.mktemp("warm") / "prewarm.toml", sim.url)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def warm_settings(warm_config: Path) -> Settings:
     return settings_for(warm_config)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def warm_queue() -> str:
     return f"warm-test-{os.getpid()}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def warm_worker(
     broker_url: str, celery_app_configured, warm_config: Path, warm_queue: str,
     tmp_path_factory: pytest.TempPathFactory,

@@ -1,0 +1,188 @@
+"""``prewarm plan``, ``prewarm warm`` and ``prewarm wal status|recover``.
+
+``prewarm plan --from DIR|records.parquet --engine NAME [--budget-items N] [--budget-tokens T]
+[--out plan.json]`` builds a plan from ingested records. ``prewarm warm --plan plan.json`` (or
+``--from ... --engine NAME``) submits it to the workers and follows its progress.
+``prewarm wal status`` lists open transactions; ``prewarm wal recover`` rolls back those whose
+lease expired (the same sweep beat runs).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.errors import BadInputError
+from pipeline.plan import WarmPlan
+from tasks.settings import Settings, current_settings
+
+console = Console()
+Opt = typer.Option
+FromOpt = Annotated[
+    Path | None, Opt("--from", help="Ingest output DIR (records.parquet) or a records.parquet.")
+]
+EngineOpt = Annotated[str | None, Opt("--engine", help="Configured engine name.")]
+
+
+def _engine_name(settings: Settings, name: str | None) -> str:
+    if name:
+        return settings.engine(name).name
+    if len(settings.engines) == 1:
+        return settings.engines[0].name
+    raise BadInputError("name one with --engine", where="engine")
+
+
+def build_plan_from(
+    source: Path, engine: str | None, *, budget_items: int | None = None,
+    budget_tokens: int | None = None, batch_size: int | None = None, shapes: bool = False,
+    forecast: str = "auto",
+) -> WarmPlan:  # fmt: skip
+    """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
+    from tasks.warm_plan import plan_for_engine, plan_request, read_records
+
+    settings = current_settings()
+    records, windows = read_records(source)
+    request = plan_request(
+        settings, _engine_name(settings, engine), max_items=budget_items,
+        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
+    )  # fmt: skip
+    return plan_for_engine(records, request, windows, forecast)
+
+
+def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:
+    table = Table(title=f"plan {plan.plan_id} for {plan.engine} (priming order)")
+    for column in ("#", "kind", "tenant", "tokens", "hits", "score", "key"):
+        table.add_column(column, justify="right" if column in ("#", "tokens") else "left")
+    shown = plan.items[-limit:]
+    for n, item in enumerate(shown, start=len(plan.items) - len(shown) + 1):
+        table.add_row(str(n), item.kind, item.tenant, str(item.tokens),
+                      f"{item.predicted_hits:.1f}", f"{item.score:.3f}", item.key[:40])  # fmt: skip
+    return table
+
+
+def plan(
+    source: FromOpt = None,
+    engine: EngineOpt = None,
+    budget_items: Annotated[int | None, Opt(min=1, help="At most this many items.")] = None,
+    budget_tokens: Annotated[int | None, Opt(min=1, help="Token budget (cache capacity).")] = None,
+    batch_size: Annotated[int | None, Opt(min=1, help="Items per batch (transaction).")] = None,
+    shapes: Annotated[bool, Opt(help="Add one request per workload shape.")] = False,
+    forecast: Annotated[str, Opt(help="auto | model | frequency")] = "auto",
+    out: Annotated[Path | None, Opt("--out", help="Write the plan JSON here.")] = None,
+) -> None:
+    """Build a warm-up plan from ingested request records."""
+    if source is None:
+        raise BadInputError("--from DIR or records.parquet is required", where="--from")
+    built = build_plan_from(source, engine, budget_items=budget_items, budget_tokens=budget_tokens,
+                            batch_size=batch_size, shapes=shapes, forecast=forecast)  # fmt: skip
+    console.print(_plan_table(built))
+    console.print(f"{len(built.items)} items, {built.tokens} tokens, {built.dropped} dropped; "
+                  + "; ".join(built.notes), highlight=False)  # fmt: skip
+    if out is not None:
+        out.write_text(built.to_json())
+        console.print(f"plan written to {out}", highlight=False)
+
+
+def _load_plan(path: Path) -> WarmPlan:
+    try:
+        return WarmPlan.from_json(path.read_text(), where=str(path))
+    except OSError as exc:
+        raise BadInputError(f"cannot read plan ({exc.strerror})", where=str(path)) from exc
+
+
+def _follow(plan_id: str, timeout_s: float) -> dict[str, Any]:
+    from tasks.warm import plan_report
+
+    report = plan_report(plan_id)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(f"plan {plan_id}", total=report["batches"], detail="")
+        while not report["done"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            report = plan_report(plan_id)
+            detail = (f"committed {report['committed']}  rolled back {report['rolled_back']}  "
+                      f"items ok {report['items_ok']} failed {report['items_failed']}")  # fmt: skip
+            progress.update(task, completed=report["batches_done"], detail=detail)
+    return report
+
+
+def warm(
+    plan_file: Annotated[
+        Path | None, Opt("--plan", help="A plan JSON from `prewarm plan`.")
+    ] = None,
+    source: FromOpt = None,
+    engine: EngineOpt = None,
+    budget_items: Annotated[int | None, Opt(min=1)] = None,
+    budget_tokens: Annotated[int | None, Opt(min=1)] = None,
+    ordered: Annotated[bool, Opt(help="Batches one after another (LRU order matters).")] = False,
+    wait: Annotated[bool, Opt(help="Follow progress until the plan is done.")] = True,
+    timeout_s: Annotated[float, Opt(min=1)] = 600.0,
+    queue: Annotated[str | None, Opt(help="Queue of a dedicated warm-up pool.")] = None,
+) -> None:
+    """Submit a plan to the workers and follow its progress."""
+    from tasks.targets.base import WarmOptions
+    from tasks.warm import submit_plan
+
+    if plan_file is not None:
+        warm_plan = _load_plan(plan_file)
+    elif source is not None:
+        warm_plan = build_plan_from(
+            source, engine, budget_items=budget_items, budget_tokens=budget_tokens
+        )
+    else:
+        raise BadInputError("give --plan FILE or --from DIR --engine NAME", where="prewarm warm")
+    settings = current_settings()
+    name = _engine_name(settings, engine or warm_plan.engine)
+    options = WarmOptions(batch_size=warm_plan.budget.batch_size, ordered=ordered)
+    plan_id = submit_plan(replace(warm_plan, engine=name), name, options=options, queue=queue)
+    console.print(f"submitted plan {plan_id}: {len(warm_plan.items)} items", highlight=False)
+    if wait:
+        report = _follow(plan_id, timeout_s)
+        console.print_json(json.dumps(report))
+        if not report["done"]:
+            raise typer.Exit(1)
+
+
+WAL_COLUMNS = ("txn", "plan", "batch", "engine", "state", "lease_left_s", "effects", "irreversible")
+wal_app = typer.Typer(help="The warm-up write-ahead log.", no_args_is_help=True)
+
+
+@wal_app.command("status")
+def wal_status() -> None:
+    """Open transactions, their lease and their effects."""
+    from tasks.warm import wal_status as status
+
+    summary = status()
+    table = Table(title=f"{summary['open']} open transaction(s)")
+    for column in WAL_COLUMNS:
+        table.add_column(column, no_wrap=column in ("txn", "plan"))
+    for row in summary["transactions"]:
+        table.add_row(*(str(row[c]) for c in WAL_COLUMNS))
+    console.print(table)
+
+
+@wal_app.command("recover")
+def wal_recover() -> None:
+    """Roll back every transaction whose lease expired (the recovery sweep, run here)."""
+    from tasks.warm import recover
+
+    swept = recover()
+    listed = ": " + ", ".join(swept) if swept else ""
+    console.print(f"rolled back {len(swept)} transaction(s){listed}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan``, ``warm`` and ``wal`` to the CLI."""
+    app.command("plan")(plan)
+    app.command("warm")(warm)
+    app.add_typer(wal_app, name="wal")

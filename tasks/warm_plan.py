@@ -1,0 +1,106 @@
+"""Building a plan for a configured engine from ingested records (``prewarm ingest --out DIR``).
+
+``plan_for_engine`` reads the engine's cache capacity, prefill cost, tenant weights, budget
+shares and tenant isolation from settings, forecasts next-window hits, and returns the plan.
+The forecast is the learned hotness model (``models.forecaster``) when ``windows.parquet`` has
+enough history and the model can be fitted; the frequency EWMA of the records otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.errors import BadInputError, PrewarmError
+from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmPlan
+from pipeline.planning import PlanRequest, plan_from_records
+from tasks.settings import Settings
+
+log = logging.getLogger(__name__)
+#: Fewer windows than this and a learned model has nothing to learn from.
+MIN_WINDOWS_FOR_MODEL = 8
+
+
+def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
+    """Records from an ingest directory or a ``records.parquet``; also the windows file if any."""
+    path = source / "records.parquet" if source.is_dir() else source
+    if not path.exists():
+        raise BadInputError(
+            "no records.parquet here (run `prewarm ingest --out DIR`)", where=str(source)
+        )
+    try:
+        records = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"cannot read records ({exc})", where=str(path)) from exc
+    windows = path.parent / "windows.parquet"
+    return records, windows if windows.exists() else None
+
+
+def learned_forecast(windows: Path) -> dict[str, float] | None:
+    """Next-window predictions of prefix items from the hotness forecaster, or None."""
+    try:
+        from models.forecaster import HotnessForecaster
+        from pipeline.evaluation import CountMatrix
+
+        counts = pd.read_parquet(windows)
+        prefixes = counts[counts["item_kind"] == "prefix"]
+        if prefixes["window_start"].nunique() < MIN_WINDOWS_FOR_MODEL:
+            return None
+        matrix = CountMatrix.from_counts(prefixes, kind="prefix")
+        model = HotnessForecaster(n_estimators=100).fit(matrix)
+        predicted = model.predict_next(prefixes, kind="prefix")
+    except (PrewarmError, ImportError, KeyError, ValueError, AttributeError) as exc:
+        log.info("learned forecast unavailable (%s); using frequency", exc)
+        return None
+    return dict(
+        zip(predicted["item_key"].astype(str), predicted["predicted"].astype(float), strict=True)
+    )
+
+
+def plan_request(
+    settings: Settings,
+    engine_name: str,
+    *,
+    max_items: int | None = None,
+    max_tokens: int | None = None,
+    batch_size: int | None = None,
+    shapes: bool = False,
+) -> PlanRequest:
+    """The pure plan request for a configured engine, budgets overridable."""
+    engine = settings.engine(engine_name)
+    b = settings.budget
+    budget = PlanBudget(
+        max_items=max_items or b.max_items,
+        max_tokens=max_tokens or b.max_tokens or engine.cache_tokens,
+        max_seconds=b.max_seconds,
+        concurrency=engine.max_concurrency,
+        batch_size=batch_size or b.batch_size,
+    )
+    cost = EngineCost(prefill_s_per_token=engine.prefill_s_per_token or DEFAULT_PREFILL_S_PER_TOKEN)
+    return PlanRequest(
+        engine=engine.name, model=engine.model, budget=budget, cost=cost,
+        weights={t.name: t.weight for t in settings.tenants},
+        shares={t.name: t.budget_share for t in settings.tenants},
+        isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
+        shapes=shapes,
+    )  # fmt: skip
+
+
+def plan_for_engine(
+    records: pd.DataFrame,
+    request: PlanRequest,
+    windows: Path | None = None,
+    forecast: str = "auto",
+) -> WarmPlan:
+    """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``."""
+    predicted = None
+    if forecast != "frequency" and windows is not None:
+        predicted = learned_forecast(windows)
+        if predicted is None and forecast == "model":
+            raise BadInputError("the learned forecast is unavailable", where=str(windows))
+    plan = plan_from_records(records, request, predicted)
+    note = "forecast: model" if predicted is not None else "forecast: frequency"
+    return replace(plan, notes=(*plan.notes, note))
