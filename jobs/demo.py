@@ -17,19 +17,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from jobs.demo_pipeline import Learned, learn_plan
 from jobs.demo_workload import DemoRequest, generate_workload
 from jobs.embedded import EmbeddedRedis, WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from pipeline.plan import EngineCost, PlanBudget
 from tasks.settings import Settings, current_settings, load_settings
+
+if TYPE_CHECKING:
+    from jobs.demo_pipeline import Learned
 
 ENGINE = "demo-simulator"
 MODEL = "sim-llm"
@@ -185,6 +187,8 @@ class DemoRun:
         return self.result
 
     def _measure(self, sim: SimulatorServer, worker: WorkerProcess, settings: Settings) -> None:
+        from jobs.demo_pipeline import learn_plan  # pandas: only when the demo runs
+
         n, c = len(self.workload), self.config
         with self.step(f"Replaying {n} requests against a cold cache", n) as advance:
             self.result.cold = replay(sim.url, self.workload, c.max_tokens, advance)

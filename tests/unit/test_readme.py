@@ -43,3 +43,10 @@ def test_every_field_of_every_settings_section_is_documented():
     for section in sections:
         for field in section.model_fields:
             assert f"`{field}`" in README, f"{section.__name__}.{field}"
+
+
+def test_the_example_config_file_loads():
+    from tasks.settings import load_settings
+
+    settings = load_settings({}, REPO_ROOT / "config" / "prewarm.example.toml")
+    assert settings.engine("simulator").kind == "simulator"
