@@ -86,3 +86,38 @@ def test_ready_and_restarted_replicas_are_warmed_at_once(
         assert BatchRunner(store, settings).run(fired[0]["plan_id"], 0)["state"] == "committed"
         assert _cached(sim.url, HEAD + "Is my claim approved?") >= 16
     assert events == []
+
+
+def _traffic(url: str, head: str, count: int, tag: str) -> None:
+    for n in range(count):
+        body = {"model": "sim-llm", "prompt": f"{head}{tag} question number {n}?", "max_tokens": 1}
+        httpx.post(f"{url}/v1/completions", json=body).raise_for_status()
+
+
+def _cold_traffic(url: str, count: int, topic: str) -> None:
+    # Every prompt starts differently: nothing is shared, so next to nothing can hit.
+    for n in range(count):
+        prompt = f"Request {n} of {count} on {topic}: " + "please describe the situation. " * 4
+        body = {"model": "sim-llm", "prompt": prompt, "max_tokens": 1}
+        httpx.post(f"{url}/v1/completions", json=body).raise_for_status()
+
+
+def test_a_cache_gone_cold_raises_a_hit_rate_drop_once(
+    celery_app_configured, broker_url, store_url, store
+):
+    with SimulatorServer(SimulatorConfig()) as sim:
+        settings = _settings(sim.url, broker_url, store_url)
+        events: list[TriggerEvent] = []
+        watcher = Watcher(settings, store, on_event=lambda e: events.append(e) or "queued")
+        watcher.poll()  # first look: the replica is new (and warmed), no metrics history yet
+        for round_ in range(3):  # warm traffic: a shared head, so most prompt tokens hit
+            _traffic(sim.url, HEAD, 8, f"warm{round_}")
+            assert not [f for f in watcher.poll() if f["kind"] == "hit_rate_drop"]
+        httpx.post(f"{sim.url}/reset_prefix_cache").raise_for_status()
+        _cold_traffic(sim.url, 8, "shipping labels")
+        fired = watcher.poll()
+        assert [f["kind"] for f in fired] == ["hit_rate_drop"] and fired[0]["task_id"] == "queued"
+        assert fired[0]["detail"]["hit_rate"] < 0.6 * fired[0]["detail"]["baseline"]
+        _cold_traffic(sim.url, 8, "customs forms")
+        assert watcher.poll() == []  # the cooldown holds a second drop back
+    assert [e.kind for e in events] == ["hit_rate_drop"]
