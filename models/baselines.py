@@ -1,0 +1,180 @@
+"""The hotness model interface and the simple baselines every forecaster must beat.
+
+A hotness model predicts each item's requests in the next window from the windows before it.
+All models share one interface (scikit-learn style): ``fit``/``partial_fit`` learn from windows
+``0..until`` of a :class:`CountMatrix` and return ``self``; ``predict_at`` scores items at a
+history end ``t``; ``predict_next`` takes a counts table and returns the next window's ranking,
+which is what the warm-up planner reads.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from models.features import candidates, ewma, windows_per_day
+from models.persistence import ModelState
+from pipeline.errors import BadInputError, PrewarmError
+from pipeline.evaluation import CountMatrix
+
+PREDICTION_COLUMNS = ("item_kind", "item_key", "window_start", "predicted")
+
+
+class ModelNotFittedError(PrewarmError):
+    """A model was asked to predict (or be saved) before it was fitted."""
+
+
+class HotnessModel(ABC):
+    """Predicts next-window requests per item; subclasses implement :meth:`_predict`."""
+
+    name: ClassVar[str] = "model"
+
+    def fit(self, matrix: CountMatrix, until: int | None = None) -> HotnessModel:
+        """Learn from windows ``0..until`` (default: all); returns ``self``."""
+        self.window_ = matrix.window
+        self.trained_until_ = matrix.window_start(_until(matrix, until))
+        return self
+
+    def partial_fit(self, matrix: CountMatrix, until: int | None = None) -> HotnessModel:
+        """Update with newer windows; for stateless baselines the same as :meth:`fit`."""
+        return self.fit(matrix, until)
+
+    def predict_at(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        """Predicted requests of ``items`` in window ``t + 1``, from windows ``0..t`` only."""
+        self._check_fitted()
+        if len(items) == 0:
+            return np.zeros(0)
+        return np.maximum(self._predict(matrix, t, np.asarray(items)), 0.0)
+
+    def predict_next(
+        self, counts: pd.DataFrame, kind: str | None = None, lookback: int | None = None
+    ) -> pd.DataFrame:
+        """Next-window hotness of every item seen in ``counts``, hottest first.
+
+        Returns columns ``item_kind, item_key, window_start`` (the predicted window) and
+        ``predicted`` (expected requests). ``lookback`` limits candidates to items seen in the
+        last ``lookback`` windows.
+        """
+        self._check_fitted()
+        matrix = CountMatrix.from_counts(counts, window=self.window_, kind=kind)
+        t = matrix.n_windows - 1
+        items = candidates(matrix, t, lookback)
+        frame = matrix.items.iloc[items].reset_index(drop=True)
+        frame["window_start"] = matrix.window_start(t + 1)
+        frame["predicted"] = self.predict_at(matrix, t, items)
+        return frame.sort_values("predicted", ascending=False, kind="stable").reset_index(drop=True)
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor parameters (what persistence stores to rebuild the model)."""
+        return _params(self)
+
+    def feature_names(self) -> list[str]:
+        """Names of the features the model reads (none for a baseline)."""
+        return []
+
+    def training_range(self) -> tuple[str | None, str | None]:
+        """First and last window start of the training data (ISO 8601)."""
+        self._check_fitted()
+        start = getattr(self, "trained_from_", None)
+        return (start.isoformat() if start is not None else None, self.trained_until_.isoformat())
+
+    def export_state(self) -> ModelState:
+        """Learned state for :mod:`models.persistence`."""
+        self._check_fitted()
+        return ModelState(
+            values={
+                "window_s": self.window_.total_seconds(),
+                "trained_until": self.trained_until_.isoformat(),
+            }
+        )
+
+    def import_state(self, state: ModelState) -> HotnessModel:
+        """Restore learned state exported by :meth:`export_state`; returns ``self``."""
+        self.window_ = pd.Timedelta(seconds=state.values["window_s"])
+        self.trained_until_ = pd.Timestamp(state.values["trained_until"])
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "window_"):
+            raise ModelNotFittedError(f"{type(self).__name__} must be fitted before predicting")
+
+    @abstractmethod
+    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray: ...
+
+
+def _params(model: object) -> dict[str, Any]:
+    return {k: v for k, v in vars(model).items() if not k.endswith("_") and not k.startswith("_")}
+
+
+def _until(matrix: CountMatrix, until: int | None) -> int:
+    last = matrix.n_windows - 1
+    if until is None:
+        return last
+    if not 0 <= until <= last:
+        raise BadInputError(f"until={until} outside windows 0..{last}", where="until")
+    return until
+
+
+class LastWindow(HotnessModel):
+    """Next window = this window."""
+
+    name = "last_window"
+
+    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        return matrix.requests[items, t].astype(np.float64)
+
+
+class MovingAverage(HotnessModel):
+    """Next window = mean of the last ``windows`` windows."""
+
+    name = "moving_average"
+
+    def __init__(self, windows: int = 6) -> None:
+        self.windows = windows
+
+    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        lo = max(0, t - self.windows + 1)
+        return matrix.requests[items, lo : t + 1].mean(axis=1, dtype=np.float64)
+
+
+class EWMA(HotnessModel):
+    """Next window = exponentially weighted mean (weight ``alpha`` on the latest window)."""
+
+    name = "ewma"
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+
+    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        # Weights older than ~1% of the newest are dropped: same ranking, bounded cost.
+        span = max(1, math.ceil(math.log(0.01) / math.log(1 - self.alpha))) if self.alpha < 1 else 1
+        lo = max(0, t - span + 1)
+        return ewma(matrix.requests[items, lo : t + 1], self.alpha)[:, -1].astype(np.float64)
+
+
+class SeasonalNaive(HotnessModel):
+    """Next window = the same window one period (default: one day) earlier.
+
+    Before a full period of history exists, falls back to the last window.
+    """
+
+    name = "seasonal_naive"
+
+    def __init__(self, period: int | None = None) -> None:
+        self.period = period
+
+    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        period = self.period or windows_per_day(matrix.window)
+        source = t + 1 - period if period else -1
+        column = source if source >= 0 else t
+        return matrix.requests[items, column].astype(np.float64)
+
+
+def baselines() -> dict[str, HotnessModel]:
+    """One fresh instance of each baseline, by name."""
+    models: list[HotnessModel] = [LastWindow(), MovingAverage(), EWMA(), SeasonalNaive()]
+    return {model.name: model for model in models}

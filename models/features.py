@@ -1,0 +1,218 @@
+"""Sliding-window features of an item's past, for predicting its requests in the next window.
+
+Every feature of ``(item, t)`` reads windows ``0..t`` only, so a walk-forward run never peeks.
+The per-matrix running tables (EWMA, cumulative sums, last-seen index) are built once and cached
+by matrix identity: a walk-forward run asks for the features of dozens of steps of one matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from pipeline.evaluation import CountMatrix
+
+ITEM_KINDS = ("prefix", "prompt", "template", "adapter", "tenant", "model")
+LAGS = 6
+ROLL = 12  # windows in the rolling mean/std/max
+SEASON_DAYS = 7
+EWMA_FAST, EWMA_SLOW = 0.5, 0.1
+
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"lag_{k}" for k in range(LAGS)),
+    "mean_3",
+    f"mean_{ROLL}",
+    f"std_{ROLL}",
+    f"max_{ROLL}",
+    "mean_since_first",
+    "ewma_fast",
+    "ewma_slow",
+    "active_windows",
+    "age",
+    "since_last",
+    "mean_interval",
+    "since_last_over_interval",
+    "season_1",
+    "season_2",
+    "season_mean",
+    "tod_sin",
+    "tod_cos",
+    "dow_sin",
+    "dow_cos",
+    "total_0",
+    "share_0",
+    "prompt_per_request",
+    "output_per_request",
+    "item_kind",
+    *(f"{name}_rel" for name in ("lag_1", "mean_12", "max_12", "season_1", "season_mean")),
+)
+CATEGORICAL = ("item_kind",)
+
+
+@dataclass(frozen=True)
+class RunningTables:
+    """Running per-item state after each window (all arrays (n_items, n_windows))."""
+
+    ewma_fast: np.ndarray
+    ewma_slow: np.ndarray
+    cum_requests: np.ndarray
+    cum_prompt: np.ndarray
+    cum_output: np.ndarray
+    cum_active: np.ndarray
+    last_seen: np.ndarray  # int32; -1 before the first request
+    totals: np.ndarray  # (n_windows,) requests of all items
+    kind_codes: np.ndarray  # (n_items,)
+
+
+@lru_cache(maxsize=2)
+def running_tables(matrix: CountMatrix) -> RunningTables:
+    """The running tables of ``matrix`` (cached: the two most recent matrices)."""
+    req = matrix.requests
+    active = req > 0
+    index = np.arange(matrix.n_windows, dtype=np.int32)
+    last = np.maximum.accumulate(np.where(active, index, -1).astype(np.int32), axis=1)
+    kinds = {kind: code for code, kind in enumerate(ITEM_KINDS)}
+    codes = matrix.items["item_kind"].map(kinds).fillna(len(ITEM_KINDS)).to_numpy(np.float32)
+    return RunningTables(
+        ewma_fast=ewma(req, EWMA_FAST),
+        ewma_slow=ewma(req, EWMA_SLOW),
+        cum_requests=np.cumsum(req, axis=1, dtype=np.float32),
+        cum_prompt=np.cumsum(matrix.prompt_tokens, axis=1, dtype=np.float32),
+        cum_output=np.cumsum(matrix.output_tokens, axis=1, dtype=np.float32),
+        cum_active=np.cumsum(active, axis=1, dtype=np.float32),
+        last_seen=last,
+        totals=req.sum(axis=0),
+        kind_codes=codes,
+    )
+
+
+def ewma(series: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponentially weighted mean along windows, started at an item's first window."""
+    out = np.empty_like(series, dtype=np.float32)
+    level = np.zeros(series.shape[0], dtype=np.float32)
+    started = np.zeros(series.shape[0], dtype=bool)
+    for t in range(series.shape[1]):
+        column = series[:, t]
+        started |= column > 0
+        level = np.where(started, alpha * column + (1 - alpha) * level, 0.0).astype(np.float32)
+        out[:, t] = level
+    return out
+
+
+def windows_per_day(window: pd.Timedelta) -> int | None:
+    """Windows in a day when the window divides a day evenly, else ``None`` (no season)."""
+    day = pd.Timedelta(days=1)
+    if window <= pd.Timedelta(0) or day % window != pd.Timedelta(0):
+        return None
+    return int(day // window)
+
+
+def candidates(matrix: CountMatrix, t: int, lookback: int | None = None) -> np.ndarray:
+    """Items a forecast at ``t`` considers: seen by ``t`` (within ``lookback`` windows if set)."""
+    seen = matrix.seen_by(t)
+    if lookback is None:
+        return seen
+    last = running_tables(matrix).last_seen[seen, t]
+    return seen[t - last < lookback]
+
+
+def features_at(matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+    """Feature rows (len(items), len(FEATURE_NAMES)) of ``items`` at history end ``t``."""
+    tables = running_tables(matrix)
+    columns = [
+        *_lag_features(matrix, t, items),
+        *_history_features(matrix, tables, t, items),
+        *_season_features(matrix, t, items),
+        *_calendar_features(matrix, t, len(items)),
+        *_context_features(matrix, tables, t, items),
+    ]
+    return _with_relative(np.column_stack(columns).astype(np.float32))
+
+
+_RELATIVE = [FEATURE_NAMES.index(name) for name in ("lag_1", "mean_12", "max_12")] + [
+    FEATURE_NAMES.index(name) for name in ("season_1", "season_mean")
+]
+
+
+def _with_relative(rows: np.ndarray) -> np.ndarray:
+    """Append features divided by the item's fast EWMA: shapes comparable across volumes."""
+    level = rows[:, FEATURE_NAMES.index("ewma_fast")] + 0.05
+    return np.column_stack([rows, rows[:, _RELATIVE] / level[:, None]]).astype(np.float32)
+
+
+def _lag_features(matrix: CountMatrix, t: int, items: np.ndarray) -> list[np.ndarray]:
+    lo = max(0, t - ROLL + 1)
+    recent = matrix.requests[items, lo : t + 1]
+    recent = np.pad(recent, ((0, 0), (ROLL - recent.shape[1], 0)))  # zeros before the start
+    lags = [recent[:, -1 - k] for k in range(LAGS)]
+    span = min(ROLL, t + 1)
+    window = recent[:, -span:]
+    return [
+        *lags,
+        recent[:, -3:].sum(axis=1) / min(3, t + 1),
+        window.mean(axis=1),
+        window.std(axis=1),
+        window.max(axis=1),
+    ]
+
+
+def _history_features(
+    matrix: CountMatrix, tables: RunningTables, t: int, items: np.ndarray
+) -> list[np.ndarray]:
+    first = matrix.first_seen[items]
+    age = np.maximum(t - first, 0).astype(np.float32)
+    active = tables.cum_active[items, t]
+    since_last = (t - tables.last_seen[items, t]).astype(np.float32)
+    interval = age / np.maximum(active - 1, 1)
+    return [
+        tables.cum_requests[items, t] / (age + 1),
+        tables.ewma_fast[items, t],
+        tables.ewma_slow[items, t],
+        active,
+        age,
+        since_last,
+        interval,
+        since_last / np.maximum(interval, 1),
+    ]
+
+
+def _season_features(matrix: CountMatrix, t: int, items: np.ndarray) -> list[np.ndarray]:
+    period = windows_per_day(matrix.window)
+    nan = np.full(len(items), np.nan, dtype=np.float32)
+    if period is None:
+        return [nan, nan, nan]
+    past = [t + 1 - day * period for day in range(1, SEASON_DAYS + 1)]
+    values = [matrix.requests[items, w] if w >= 0 else nan for w in past]
+    known = [v for v, w in zip(values, past, strict=True) if w >= 0]
+    mean = np.mean(known, axis=0) if known else nan
+    return [values[0], values[1], mean]
+
+
+def _calendar_features(matrix: CountMatrix, t: int, n: int) -> list[np.ndarray]:
+    target = matrix.window_start(t + 1)
+    day_fraction = (target.hour * 3600 + target.minute * 60 + target.second) / 86400
+    week_fraction = (target.day_of_week + day_fraction) / 7
+    values = [
+        np.sin(2 * np.pi * day_fraction),
+        np.cos(2 * np.pi * day_fraction),
+        np.sin(2 * np.pi * week_fraction),
+        np.cos(2 * np.pi * week_fraction),
+    ]
+    return [np.full(n, value, dtype=np.float32) for value in values]
+
+
+def _context_features(
+    matrix: CountMatrix, tables: RunningTables, t: int, items: np.ndarray
+) -> list[np.ndarray]:
+    total = np.full(len(items), tables.totals[t], dtype=np.float32)
+    requests = np.maximum(tables.cum_requests[items, t], 1)
+    return [
+        total,
+        matrix.requests[items, t] / np.maximum(total, 1),
+        tables.cum_prompt[items, t] / requests,
+        tables.cum_output[items, t] / requests,
+        tables.kind_codes[items],
+    ]

@@ -1,0 +1,258 @@
+"""Walk-forward evaluation of hotness forecasts: what a warm-up at a fixed budget would have saved.
+
+The input is the COUNTS SHAPE of :mod:`pipeline.windows` (one row per item and window with
+``requests > 0``), turned into a dense item × window :class:`CountMatrix`. At each step ``t`` a
+model sees windows ``0..t`` and scores the items seen so far; the top ``K`` items (or as many as
+fit in ``B`` tokens) form the warmed set, and the step is judged on window ``t + 1``:
+
+* captured share — next-window requests that fall on warmed items, over all next-window requests;
+* oracle — the same for the true next-window top-K (nothing can do better);
+* history oracle — the best top-K among items already seen (what any forecaster could reach);
+* MAE — mean absolute error of predicted counts over the seen items and the next window's items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from pipeline.errors import BadInputError
+
+COUNT_COLUMNS = ("item_kind", "item_key", "window_start", "requests")
+TOKEN_COLUMNS = ("prompt_tokens", "output_tokens")
+#: A dense matrix above this many cells is refused: pick a longer window or fewer items.
+MAX_CELLS = 60_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class CountMatrix:
+    """Per-item request and token counts on a regular grid of windows (missing = 0).
+
+    Compared and hashed by identity, so derived feature tables can be cached per matrix.
+    """
+
+    items: pd.DataFrame  # item_kind, item_key; row i is item i
+    start: pd.Timestamp
+    window: pd.Timedelta
+    requests: np.ndarray  # float32 (n_items, n_windows)
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    first_seen: np.ndarray = field(repr=False)  # int64 (n_items,): first window with requests
+
+    @property
+    def n_items(self) -> int:
+        return int(self.requests.shape[0])
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.requests.shape[1])
+
+    def window_start(self, t: int) -> pd.Timestamp:
+        """Start of window ``t`` (may lie past the last window)."""
+        return self.start + t * self.window
+
+    def seen_by(self, t: int) -> np.ndarray:
+        """Indices of the items with requests in some window ``<= t``."""
+        return np.flatnonzero(self.first_seen <= t)
+
+    @classmethod
+    def from_counts(
+        cls, counts: pd.DataFrame, window: pd.Timedelta | None = None, kind: str | None = None
+    ) -> CountMatrix:
+        """Build the matrix from a counts table; ``kind`` keeps one item kind only."""
+        _check_counts(counts)
+        if kind is not None:
+            counts = counts[counts["item_kind"] == kind]
+        if counts.empty:
+            raise BadInputError("no item windows to learn from", where=f"counts(kind={kind})")
+        starts = pd.to_datetime(counts["window_start"], utc=True)
+        window = window if window is not None else infer_window(starts)
+        origin = starts.min()
+        column = ((starts - origin) // window).to_numpy(dtype=np.int64)
+        keys = counts["item_kind"].astype(str) + "\x00" + counts["item_key"].astype(str)
+        codes, uniques = pd.factorize(keys, sort=False)
+        n_items, n_windows = len(uniques), int(column.max()) + 1
+        if n_items * n_windows > MAX_CELLS:
+            raise BadInputError(
+                f"{n_items} items x {n_windows} windows is too many cells; use a longer window",
+                where="counts",
+            )
+        items = pd.DataFrame(
+            [key.split("\x00", 1) for key in uniques], columns=["item_kind", "item_key"]
+        )
+        grids = [_grid(counts, name, codes, column, (n_items, n_windows)) for name in _VALUES]
+        first = _first_seen(grids[0])
+        return cls(items, origin, window, grids[0], grids[1], grids[2], first)
+
+
+_VALUES = ("requests", *TOKEN_COLUMNS)
+
+
+def _check_counts(counts: pd.DataFrame) -> None:
+    missing = [name for name in COUNT_COLUMNS if name not in counts.columns]
+    if missing:
+        raise BadInputError(f"missing column(s) {', '.join(missing)}", where="counts")
+
+
+def infer_window(starts: pd.Series) -> pd.Timedelta:
+    """The window length of a counts table: the smallest gap between distinct window starts."""
+    distinct = np.sort(starts.unique())
+    if len(distinct) < 2:
+        raise BadInputError("one window only; pass the window length", where="counts.window_start")
+    return pd.Timedelta(np.diff(distinct).min())
+
+
+def _grid(
+    counts: pd.DataFrame, name: str, codes: np.ndarray, column: np.ndarray, shape: tuple[int, int]
+) -> np.ndarray:
+    grid = np.zeros(shape, dtype=np.float32)
+    if name in counts.columns:
+        values = pd.to_numeric(counts[name], errors="coerce").fillna(0).to_numpy(np.float32)
+        np.add.at(grid, (codes, column), values)
+    return grid
+
+
+def _first_seen(requests: np.ndarray) -> np.ndarray:
+    active = requests > 0
+    first = active.argmax(axis=1).astype(np.int64)
+    first[~active.any(axis=1)] = requests.shape[1]
+    return first
+
+
+class HotnessPredictor(Protocol):
+    """What walk-forward needs of a model (baselines and the forecaster alike)."""
+
+    def fit(self, matrix: CountMatrix, until: int) -> object:
+        """Learn from windows ``0..until`` (targets up to and including ``until``)."""
+        ...
+
+    def predict_at(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
+        """Predicted requests of ``items`` in window ``t + 1``, from windows ``0..t`` only."""
+        ...
+
+
+@dataclass(frozen=True)
+class WalkForwardConfig:
+    """Budget and schedule of a walk-forward run.
+
+    ``budget_tokens`` (if set) replaces the item budget: items are taken by score while their
+    cost (mean prompt tokens per request so far) fits. ``first_t`` is the first history end
+    (default: a quarter of the windows, at least 2); models are refit every ``refit_every`` steps.
+    """
+
+    budget_items: int = 100
+    budget_tokens: int | None = None
+    first_t: int | None = None
+    refit_every: int = 1
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A walk-forward result: ``table`` per model, ``steps`` per model and step."""
+
+    table: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def walk_forward(
+    matrix: CountMatrix,
+    models: Mapping[str, HotnessPredictor],
+    config: WalkForwardConfig = WalkForwardConfig(),
+) -> Evaluation:
+    """Train on windows up to ``t``, predict ``t + 1``, judge, slide; see the module docstring."""
+    first_t = config.first_t if config.first_t is not None else max(2, matrix.n_windows // 4)
+    if first_t >= matrix.n_windows - 1:
+        raise BadInputError(
+            f"{matrix.n_windows} windows leave nothing to test after the first {first_t + 1}",
+            where="window",
+        )
+    rows: list[dict[str, object]] = []
+    for step, t in enumerate(range(first_t, matrix.n_windows - 1)):
+        if step % max(1, config.refit_every) == 0:
+            for model in models.values():
+                model.fit(matrix, t)
+        rows.extend(_judge_step(matrix, models, config, t))
+    steps = pd.DataFrame(rows)
+    return Evaluation(table=summarise(steps), steps=steps)
+
+
+def _judge_step(
+    matrix: CountMatrix,
+    models: Mapping[str, HotnessPredictor],
+    config: WalkForwardConfig,
+    t: int,
+) -> list[dict[str, object]]:
+    actual = matrix.requests[:, t + 1].astype(np.float64)
+    seen = matrix.seen_by(t)
+    cost = _item_cost(matrix, t)
+    pick = _picker(config, cost)
+    scored = np.union1d(seen, np.flatnonzero(actual > 0))
+    base = {
+        "t": t,
+        "window_start": matrix.window_start(t + 1),
+        "total": float(actual.sum()),
+        "oracle": float(actual[pick(np.arange(matrix.n_items), actual)].sum()),
+        "history_oracle": float(actual[pick(seen, actual[seen])].sum()),
+    }
+    rows = []
+    for name, model in models.items():
+        predicted = np.zeros(matrix.n_items)
+        predicted[seen] = np.asarray(model.predict_at(matrix, t, seen), dtype=np.float64)
+        warmed = pick(seen, predicted[seen])
+        error = np.abs(predicted[scored] - actual[scored])
+        rows.append(
+            {
+                **base,
+                "model": name,
+                "captured": float(actual[warmed].sum()),
+                "abs_error": float(error.sum()),
+                "n_scored": len(scored),
+            }
+        )
+    return rows
+
+
+def _item_cost(matrix: CountMatrix, t: int) -> np.ndarray:
+    """Mean prompt tokens per request of each item: up to ``t`` if seen, else in ``t + 1``."""
+    past_requests = matrix.requests[:, : t + 1].sum(axis=1)
+    past = matrix.prompt_tokens[:, : t + 1].sum(axis=1) / np.maximum(past_requests, 1)
+    upcoming = matrix.prompt_tokens[:, t + 1] / np.maximum(matrix.requests[:, t + 1], 1)
+    return np.where(past_requests > 0, past, upcoming)
+
+
+def _picker(
+    config: WalkForwardConfig, cost: np.ndarray
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """A function choosing the warmed items among ``candidates`` from their ``scores``."""
+
+    def pick(candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        order = candidates[np.argsort(-scores, kind="stable")]
+        if config.budget_tokens is None:
+            return order[: config.budget_items]
+        # Greedy by score: the best items while their total cost fits.
+        fits = np.cumsum(cost[order]) <= config.budget_tokens
+        return order[fits]
+
+    return pick
+
+
+def summarise(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per-model totals over all steps: captured share, shares of both oracles, MAE."""
+    grouped = steps.groupby("model", sort=False)[
+        ["total", "oracle", "history_oracle", "captured", "abs_error", "n_scored"]
+    ].sum()
+    table = pd.DataFrame(
+        {
+            "captured_share": grouped["captured"] / grouped["total"],
+            "share_of_history_oracle": grouped["captured"] / grouped["history_oracle"],
+            "share_of_oracle": grouped["captured"] / grouped["oracle"],
+            "mae": grouped["abs_error"] / grouped["n_scored"],
+            "history_oracle_share": grouped["history_oracle"] / grouped["total"],
+            "oracle_share": grouped["oracle"] / grouped["total"],
+        }
+    )
+    return table.reset_index()
