@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.demo",
     "jobs.watchers",
     "jobs.templates_cli",
+    "jobs.cmd_ingest",
     "jobs.cmd_warm",
 ]
 

@@ -55,8 +55,18 @@ def prefix_chain(prompt: str, block_size: int = DEFAULT_BLOCK_SIZE) -> list[Pref
 
 
 def block_hashes(prompt: str, block_size: int = DEFAULT_BLOCK_SIZE) -> list[str]:
-    """Chain hashes of the whole blocks of ``prompt``."""
-    return [block.hash for block in prefix_chain(prompt, block_size)]
+    """Chain hashes of the whole blocks of ``prompt`` (the hashes of :func:`prefix_chain`).
+
+    The pseudo-tokens tile the text, so a block's text is the join of its tokens' texts;
+    ``findall`` avoids a match object per token (about 3x faster on long prompts).
+    """
+    tokens = _PSEUDO_TOKEN.findall(prompt)
+    hashes: list[str] = []
+    previous = ""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = _chain(previous, "".join(tokens[start : start + block_size]).encode())
+        hashes.append(previous)
+    return hashes
 
 
 def block_hashes_from_ids(

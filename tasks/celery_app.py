@@ -21,6 +21,7 @@ TASK_MODULES = [
     "tasks.events",
     "tasks.engine_watch",
     "tasks.warm",
+    "tasks.ingest",
 ]
 
 

@@ -31,13 +31,20 @@ import pandas as pd
 from pipeline.ingest.chunk import METRIC_FIELDS
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.run import Progress, run_ingest
-from pipeline.ingest.sinks import MemorySink, combine_counts
+from pipeline.ingest.sinks import MemorySink, ParquetSink, combine_counts
 from pipeline.ingest.state import IngestState
 from pipeline.ingest.summary import FileSummary
 from pipeline.records import records_frame
-from pipeline.windows import window_features
+from pipeline.windows import empty_counts, window_features
 
-__all__ = ["FileSummary", "IngestOptions", "IngestResult", "IngestState", "ingest_paths"]
+__all__ = [
+    "FileSummary",
+    "IngestOptions",
+    "IngestResult",
+    "IngestState",
+    "ingest_paths",
+    "ingest_to_dir",
+]
 
 
 @dataclass
@@ -101,3 +108,36 @@ def ingest_paths(
         windows_result(sink.counts, options.window),
         summaries,
     )
+
+
+def ingest_to_dir(
+    paths: Iterable[str | Path],
+    out_dir: str | Path,
+    options: IngestOptions | None = None,
+    state: IngestState | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Ingest into ``out_dir``: ``records.parquet`` (streamed, one chunk in memory at a time),
+    ``windows.parquet`` (counts + features), ``metrics.parquet``; return the summary dict."""
+    options = options or IngestOptions()
+    out = Path(out_dir)
+    sink = ParquetSink(options.window, out)
+    try:
+        summaries = run_ingest(paths, options, sink, state, progress)
+    finally:
+        sink.close()
+    metrics = metrics_result(sink.metrics)
+    metrics.to_parquet(out / "metrics.parquet", index=False)
+    windows = windows_result(sink.counts, options.window)
+    (windows if windows is not None else empty_counts()).to_parquet(
+        out / "windows.parquet", index=False
+    )
+    files = [s.to_dict() for s in summaries]
+    return {
+        "files": files,
+        "records": sink.rows,
+        "metrics": len(metrics),
+        "windows": 0 if windows is None else len(windows),
+        "rejected": sum(sum(f["rejected"].values()) for f in files),
+        "out": str(out),
+    }

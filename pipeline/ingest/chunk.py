@@ -17,7 +17,7 @@ whole file at assembly; timestamps with a zone travel as ISO text too.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.ingest.summary import Rejects
@@ -96,3 +96,22 @@ class ChunkResult:
     last_ts: str | None = None
     #: ServeGen series are aggregates, not requests: counts-shape rows
     counts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def chunk_meta(result: ChunkResult) -> dict[str, Any]:
+    """A chunk's light remainder (no heads, no metrics) as JSON-ready data."""
+    data = asdict(result)
+    data.pop("heads")
+    data.pop("metrics")
+    data["rejects"] = result.rejects.to_dict()
+    data["cap_evidence"] = {str(k): v for k, v in result.cap_evidence.items()}
+    return data
+
+
+def chunk_from_meta(data: dict[str, Any]) -> ChunkResult:
+    """Inverse of :func:`chunk_meta`."""
+    data = dict(data)
+    rejects = Rejects.from_dict(data["path"], data.pop("rejects"))
+    ignored = Counter(data.pop("ignored"))
+    cap = Counter({int(k): v for k, v in data.pop("cap_evidence").items()})
+    return ChunkResult(**data, rejects=rejects, ignored=ignored, cap_evidence=cap)

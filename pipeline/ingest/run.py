@@ -143,10 +143,10 @@ def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[ChunkResult]:
 class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
-    def __init__(self, plan: FilePlan, options: IngestOptions, scratch: Path) -> None:
+    def __init__(self, plan: FilePlan, options: IngestOptions, part_prefixes: list[str]) -> None:
         self.plan = plan
         self.options = options
-        self.scratch = scratch
+        self.part_prefixes = part_prefixes
         self.chunks: list[ChunkResult] = []
         self.summary = FileSummary(str(plan.path), plan.format or "unknown")
         self.summary.rejects = Rejects(str(plan.path))
@@ -171,7 +171,8 @@ class FileAssembly:
             self.summary.bytes_read += chunk.bytes_read
             self.summary.ignored.update(chunk.ignored)
             self.summary.repaired += chunk.repaired
-        self.summary.assumptions.append(self.plan.resume_note)
+        if self.plan.resume_note != "whole file":
+            self.summary.assumptions.append(self.plan.resume_note)
 
     def _finish_log(self, sink: MemorySink, fmt: str) -> None:
         source = "vllm" if fmt == "vllm" else "tgi"
@@ -192,7 +193,7 @@ class FileAssembly:
         self._emit_orphans(sink, used, source)
 
     def _part(self, index: int, kind: str) -> str:
-        return str(self.scratch / f"{self.plan.chunks[index].index}.{kind}.parquet")
+        return f"{self.part_prefixes[index]}.{kind}.parquet"
 
     def _emit_log(
         self, sink: MemorySink, frame: pd.DataFrame, chunk: ChunkResult, base: int, source: str,
@@ -299,7 +300,12 @@ def run_ingest(
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
         jobs, owners = _jobs(plans, options, state is not None, scratch)
-        assemblies = {i: FileAssembly(p, options, scratch / str(i)) for i, p in enumerate(plans)}
+        assemblies = {
+            i: FileAssembly(
+                p, options, [j.part_prefix for j, o in zip(jobs, owners, strict=True) if o == i]
+            )
+            for i, p in enumerate(plans)
+        }
         total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
         done = 0
         for owner, result in zip(owners, _run_jobs(jobs, options.workers), strict=True):

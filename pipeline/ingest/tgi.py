@@ -114,6 +114,29 @@ def _field_values(parts: list[str]) -> dict[str, str]:
     return fields
 
 
+#: the usual shape of a request event, read in one match: ``handler{[parameters=...]
+#: key="value"...}[:child...]: target: file.rs:line: `` (quoted or raw ``GenerateParameters``)
+_FAST_SPAN = re.compile(
+    r"(?P<span>\w+)\{(?:parameters="
+    r"(?P<params>\"[^\"\\]*(?:\\.[^\"\\]*)*\"|GenerateParameters \{[^{}]*\})(?= |\}))?"
+    r"(?P<fields>(?: ?\w+=\"[^\"\\]*\")*)\}(?P<children>(?::\w+)*): "
+    r"(?P<target>[\w:]+): [\w/.-]+\.rs:\d+: "
+)
+_QUOTED_FIELD = re.compile(r"(\w+)=\"([^\"\\]*)\"")
+
+
+def _fast_spans(match: re.Match[str]) -> list[tuple[str, dict[str, str]]]:
+    fields = dict(_QUOTED_FIELD.findall(match.group("fields")))
+    params = match.group("params")
+    if params is not None:
+        fields["parameters"] = decode_rust_str(params) if params.startswith('"') else params
+    spans = [(match.group("span"), fields)]
+    children = match.group("children")
+    if children:
+        spans.extend((name, {}) for name in children[1:].split(":"))
+    return spans
+
+
 def _matching_brace(text: str, pos: int) -> int:
     """Index just past the ``}`` closing the ``{`` at ``text[pos]``; -1 if unbalanced."""
     depth = 0
@@ -149,6 +172,24 @@ def parse_spans(rest: str) -> tuple[list[tuple[str, dict[str, str]]], int]:
             return spans, pos + 1
 
 
+def parameter_fields(values: dict[str, str]) -> dict[str, Any]:
+    """Record fields from the fields of a ``GenerateParameters`` Debug text."""
+    record: dict[str, Any] = {}
+    plain = {k: rust_option(v) for k, v in values.items()}
+    record["temperature"] = as_float(plain.get("temperature"))
+    record["top_p"] = as_float(plain.get("top_p"))
+    record["top_k"] = as_int(plain.get("top_k"))
+    record["max_tokens"] = as_int(plain.get("max_new_tokens"))
+    record["seed"] = seed_int64(plain.get("seed"))
+    adapter = plain.get("adapter_id")
+    if adapter is not None:
+        record["adapter"] = decode_rust_str(adapter)
+    plain["max_tokens"] = plain.get("max_new_tokens")
+    plain["structured_outputs"] = plain.get("grammar")
+    record["params_hash"] = params_hash(plain)
+    return record
+
+
 class TgiChunkParser:
     """Parse text or JSON TGI lines of one chunk into record heads."""
 
@@ -158,6 +199,7 @@ class TgiChunkParser:
         self.json_lines = json_lines
         self.current: TgiEvent | None = None
         self.inputs: dict[tuple[str, str | None], deque[str]] = {}
+        self._params_cache: dict[str, dict[str, Any]] = {}
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
         """Parse a block of lines numbered from ``first_line``."""
@@ -183,6 +225,12 @@ class TgiChunkParser:
             return
         self._flush()
         rest = line[start.end() :].removesuffix("\r")
+        fast = _FAST_SPAN.match(rest)
+        if fast is not None:
+            spans = _fast_spans(fast)
+            self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
+                                    fast.group("target"), rest[fast.end() :], line_no)  # fmt: skip
+            return
         spans, pos = parse_spans(rest)
         target = _TARGET.match(rest, pos)
         if target is None and spans:  # a target without '::' was read as a span name
@@ -313,26 +361,19 @@ class TgiChunkParser:
             if inputs is not None:
                 self._set_prompt(record, decode_rust_str(inputs.group(1)), streaming=True)
         if params_text:
-            self._params(record, generate_parameters(params_text))
+            self._params(record, params_text)
         seed = rust_option(fields.get("seed"))
         if seed is not None:
             record["seed"] = seed_int64(seed)
         return record
 
-    @staticmethod
-    def _params(record: dict[str, Any], values: dict[str, str]) -> None:
-        plain = {k: rust_option(v) for k, v in values.items()}
-        record["temperature"] = as_float(plain.get("temperature"))
-        record["top_p"] = as_float(plain.get("top_p"))
-        record["top_k"] = as_int(plain.get("top_k"))
-        record["max_tokens"] = as_int(plain.get("max_new_tokens"))
-        record["seed"] = seed_int64(plain.get("seed"))
-        adapter = plain.get("adapter_id")
-        if adapter is not None:
-            record["adapter"] = decode_rust_str(adapter)
-        plain["max_tokens"] = plain.get("max_new_tokens")
-        plain["structured_outputs"] = plain.get("grammar")
-        record["params_hash"] = params_hash(plain)
+    def _params(self, record: dict[str, Any], text: str) -> None:
+        fields = self._params_cache.get(text)
+        if fields is None:
+            if len(self._params_cache) >= 4096:
+                self._params_cache.clear()
+            fields = self._params_cache[text] = parameter_fields(generate_parameters(text))
+        record.update(fields)
 
     @staticmethod
     def _streaming(event: TgiEvent) -> bool:

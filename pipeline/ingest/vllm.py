@@ -84,6 +84,21 @@ def endpoint_of(request_id: str) -> str | None:
     return None
 
 
+def sampling_fields(body: str) -> dict[str, Any]:
+    """Record fields from the inside of ``SamplingParams(...)``."""
+    values = key_values(body)
+    if "guided_decoding" in values and "structured_outputs" not in values:
+        values["structured_outputs"] = values["guided_decoding"]
+    return {
+        "temperature": as_float(values.get("temperature")),
+        "top_p": as_float(values.get("top_p")),
+        "top_k": as_int(values.get("top_k")),
+        "max_tokens": as_int(values.get("max_tokens")),
+        "seed": seed_int64(values.get("seed")),
+        "params_hash": params_hash(values),
+    }
+
+
 class VllmChunkParser:
     """Parse the lines of one chunk of a vLLM log into heads, tails and metrics."""
 
@@ -97,6 +112,8 @@ class VllmChunkParser:
         self.last_month = 0
         self.line_no = 0
         self._hash_cache: dict[str, list[str]] = {}
+        # requests of one client share their sampling parameters: parse each text once
+        self._params_cache: dict[str, dict[str, Any]] = {}
 
     # --- the line loop ---------------------------------------------------------------------
 
@@ -213,8 +230,11 @@ class VllmChunkParser:
             self.out.rejects.add("malformed Received request line", line_no, msg)
             return
         request_id, rest = msg[17:colon], msg[colon + 2 : -1]
-        if request_id in self.requests and self.requests[request_id]["_head"]:
-            self.out.ignored["repeated request id"] += 1
+        earlier = self.requests.get(request_id)
+        if earlier is not None and (earlier["_head"] or earlier["_line"] < line_no):
+            # A reused id (client X-Request-Id, a restart) is a new request: later lines join
+            # the new one. Lines seen before it belong to an earlier request (a tail).
+            self.requests[f"{request_id}\x00{line_no}"] = self.requests.pop(request_id)
         record = self._record(request_id, ts, line_no)
         record.update(ts=ts, _line=line_no, _head=True)
         record.setdefault("status", "received")
@@ -282,15 +302,12 @@ class VllmChunkParser:
         if kind != "SamplingParams":
             record["_params_kind"] = kind
             return
-        values = key_values(body)
-        record["temperature"] = as_float(values.get("temperature"))
-        record["top_p"] = as_float(values.get("top_p"))
-        record["top_k"] = as_int(values.get("top_k"))
-        record["max_tokens"] = as_int(values.get("max_tokens"))
-        record["seed"] = seed_int64(values.get("seed"))
-        if "guided_decoding" in values and "structured_outputs" not in values:
-            values["structured_outputs"] = values["guided_decoding"]
-        record["params_hash"] = params_hash(values)
+        fields = self._params_cache.get(body)
+        if fields is None:
+            if len(self._params_cache) >= _HASH_CACHE_SIZE:
+                self._params_cache.clear()
+            fields = self._params_cache[body] = sampling_fields(body)
+        record.update(fields)
 
     def _request_line(self, msg: str, ts: str, line_no: int) -> None:
         """``Request <id> details: ...`` (DEBUG prompt) and ``Request <id> aborted./failed``."""
@@ -422,7 +439,7 @@ class VllmChunkParser:
 
     def finish(self) -> ChunkResult:
         """Split joined requests into heads (defining line seen here) and tails."""
-        for request_id, record in self.requests.items():
+        for record in self.requests.values():
             delta = record.pop("_delta_tokens", None)
             if delta is not None and record.get("output_tokens") is None:
                 record["output_tokens"] = delta
@@ -430,6 +447,6 @@ class VllmChunkParser:
                 record.pop("_params_kind", None)
                 self.out.heads.append(record)
             else:
-                self.out.tails[request_id] = record
+                self.out.tails[record["request_id"]] = record
         self.out.heads.sort(key=lambda r: r["_line"])
         return self.out

@@ -1,0 +1,111 @@
+"""``prewarm ingest``: logs and traces -> records, windows and engine metrics as Parquet.
+
+``prewarm ingest PATH... --out DIR`` writes ``DIR/records.parquet`` (canonical RequestRecord
+columns), ``DIR/windows.parquet`` (item × window counts with lag/rolling features) and
+``DIR/metrics.parquet`` (vLLM stats lines), then prints a summary per file (``--json``: the
+summary as one JSON object). ``--state FILE`` makes runs incremental: each file is read from
+where the previous run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+
+from pipeline.ingest import IngestOptions, IngestState, ingest_to_dir
+from pipeline.ingest.detect import FORMATS
+from pipeline.prefix import DEFAULT_BLOCK_SIZE
+
+#: below this many bytes a progress bar only flickers
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+def _default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _total_bytes(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        if path.is_file():
+            total += path.stat().st_size
+        elif path.is_dir():
+            total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return total
+
+
+def _print_table(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"ingested into {summary['out']}")
+    for column in ("file", "format", "records", "metrics", "lines", "rejected", "ignored"):
+        table.add_column(column, justify="left" if column in ("file", "format") else "right")
+    for entry in summary["files"]:
+        table.add_row(
+            Path(entry["path"]).name, entry["format"], str(entry["records"]),
+            str(entry["metrics"]), str(entry["lines"]), str(sum(entry["rejected"].values())),
+            str(sum(entry["ignored"].values())),
+        )  # fmt: skip
+    console.print(table)
+    for entry in summary["files"]:
+        for reason, samples in entry["reject_samples"].items():
+            console.print(f"[yellow]{reason}[/] ×{entry['rejected'][reason]}", highlight=False)
+            for sample in samples:
+                console.print(f"  {sample}", markup=False, highlight=False)
+        for note in entry["assumptions"]:
+            console.print(f"[dim]{Path(entry['path']).name}: {note}[/]", highlight=False)
+
+
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Log or trace files and folders.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    fmt: Annotated[
+        str | None, typer.Option("--format", help=f"Override detection: {', '.join(FORMATS)}.")
+    ] = None,
+    year: Annotated[
+        int | None, typer.Option(help="Year of the first vLLM entry (default: from mtime).")
+    ] = None,
+    tz: Annotated[str, typer.Option(help="Zone of vLLM timestamps.")] = "UTC",
+    block_size: Annotated[int, typer.Option(help="Tokens per prefix block.")] = DEFAULT_BLOCK_SIZE,
+    window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "10min",
+    max_log_len: Annotated[int | None, typer.Option(help="vLLM --max-log-len, when known.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name for log records.")] = None,
+    workers: Annotated[int, typer.Option(help="Parallel processes.")] = 0,
+    state: Annotated[
+        Path | None, typer.Option(help="State file: read only what is new since the last run.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Parse logs and traces into records, windows and engine metrics."""
+    options = IngestOptions(
+        year=year, tz=tz, block_size=block_size, format=fmt, window=window,
+        max_log_len=max_log_len, model=model, workers=workers or _default_workers(),
+    )  # fmt: skip
+    run_state = IngestState.load(state) if state is not None else None
+    console = Console(stderr=True)
+    show = not as_json and console.is_terminal and _total_bytes(paths) >= PROGRESS_MIN_BYTES
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+        TimeRemainingColumn(), console=console, disable=not show,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("ingest", total=None)
+        summary = ingest_to_dir(
+            paths, out, options, run_state,
+            lambda done, total: progress.update(task, completed=done, total=total),
+        )  # fmt: skip
+    if run_state is not None and state is not None:
+        run_state.save(state)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1, ensure_ascii=False))
+    else:
+        _print_table(Console(), summary)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``prewarm ingest`` to the CLI."""
+    app.command("ingest")(ingest)

@@ -1,0 +1,105 @@
+"""Ingesting one large file as chunks spread over workers (the pure part of the Celery tasks).
+
+Everything is keyed by the file's *identity* — device, inode, size, modification time and a
+hash of its first bytes — and by each chunk's byte range. A chunk's results are Parquet parts
+plus a JSON meta file under ``<data_dir>/ingest/<identity>/``, written atomically; a chunk
+whose meta file exists is not parsed again, so a redelivered chunk changes nothing. The file
+is assembled from its parts into ``<out_dir>`` once every chunk is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.ingest import IngestOptions, metrics_result, windows_result
+from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
+from pipeline.ingest.detect import detect_format
+from pipeline.ingest.parse import ChunkSpec, plan_chunks
+from pipeline.ingest.run import ChunkJob, FileAssembly, FilePlan, run_chunk
+from pipeline.ingest.sinks import ParquetSink
+from pipeline.ingest.state import identify
+from pipeline.windows import empty_counts
+
+
+def file_identity(path: str | Path) -> str:
+    """A name for this file *as it is now*: changes when it grows, is replaced or rewritten."""
+    state = identify(path)
+    text = f"{state.device}:{state.inode}:{state.size}:{state.mtime}:{state.head_hash}"
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def part_dir(data_dir: str | Path, identity: str) -> Path:
+    """Folder of one file identity's parts."""
+    return Path(data_dir) / "ingest" / identity
+
+
+def plan_file_chunks(
+    path: str | Path, options: IngestOptions
+) -> tuple[str, str | None, list[dict[str, Any]]]:
+    """Identity, format and chunk specs (as dicts, for task messages) of one file."""
+    path = Path(path)
+    fmt = options.format or detect_format(path)
+    if fmt is None:
+        return file_identity(path), None, []
+    specs = plan_chunks(path, fmt, options.chunk_bytes)
+    return file_identity(path), fmt, [asdict(s) for s in specs]
+
+
+def _prefix(folder: Path, spec: ChunkSpec) -> Path:
+    return folder / f"{spec.start}-{spec.end if spec.end is not None else 'eof'}"
+
+
+def ingest_chunk(
+    spec: dict[str, Any], options: IngestOptions, folder: str | Path
+) -> dict[str, Any]:
+    """Parse one chunk into parts under ``folder`` unless already done; return its counters."""
+    chunk = ChunkSpec(**spec)
+    prefix = _prefix(Path(folder), chunk)
+    meta_path = prefix.with_suffix(".meta.json")
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return {
+            "cached": True,
+            "lines": meta["lines"],
+            "rejected": sum(meta["rejects"]["counts"].values()),
+        }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    result = run_chunk(ChunkJob(chunk, options, True, str(prefix)))
+    tmp = meta_path.with_name(meta_path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(chunk_meta(result)))
+    os.replace(tmp, meta_path)  # the meta file last: its presence means the parts are whole
+    return {"cached": False, "lines": result.lines, "rejected": result.rejects.total}
+
+
+def assemble_file(
+    path: str | Path,
+    fmt: str,
+    specs: list[dict[str, Any]],
+    options: IngestOptions,
+    folder: str | Path,
+    out_dir: str | Path,
+) -> dict[str, Any]:
+    """Assemble every chunk's parts into ``out_dir`` (records, windows, metrics Parquet)."""
+    chunks = [ChunkSpec(**s) for s in specs]
+    prefixes = [str(_prefix(Path(folder), c)) for c in chunks]
+    plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks)
+    assembly = FileAssembly(plan, options, prefixes)
+    for prefix in prefixes:
+        assembly.chunks.append(chunk_from_meta(json.loads(Path(f"{prefix}.meta.json").read_text())))
+    out = Path(out_dir)
+    sink = ParquetSink(options.window, out)
+    try:
+        summary = assembly.finish(sink)
+    finally:
+        sink.close()
+    metrics_result(sink.metrics).to_parquet(out / "metrics.parquet", index=False)
+    windows = windows_result(sink.counts, options.window)
+    (windows if windows is not None else empty_counts()).to_parquet(
+        out / "windows.parquet", index=False
+    )
+    return {**summary.to_dict(), "out": str(out), "chunks": len(chunks)}

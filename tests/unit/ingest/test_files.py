@@ -1,0 +1,187 @@
+"""Files as they really are: chunks, rotation, .gz, incremental runs, bad bytes, huge lines."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import BadInputError
+from pipeline.ingest import IngestOptions, IngestState, ingest_paths
+from pipeline.ingest.lines import LineReader
+from pipeline.ingest.parse import plan_chunks
+from pipeline.ingest.summary import Rejects
+from tests.conftest import SHARED_DATA
+
+EXAMPLES = SHARED_DATA / "logs" / "examples"
+V011 = EXAMPLES / "vllm-v0.11.txt"
+TGI_DEBUG = EXAMPLES / "tgi-text-v3-debug.txt"
+
+
+def _lines(path: Path, **kw) -> tuple[list[str], LineReader, Rejects]:
+    rejects = Rejects(str(path))
+    reader = LineReader(path, rejects, **kw)
+    out = [line for _, block in reader for line in block]
+    return out, reader, rejects
+
+
+def test_reader_skips_a_huge_line_in_bounded_memory(tmp_path):
+    path = tmp_path / "huge.log"
+    with open(path, "wb") as out:
+        out.write(b"first\n")
+        out.write(b"x" * (3 << 20) + b"\n")  # 3 MiB against a 64 KiB cap
+        out.write(b"last\n")
+    lines, reader, rejects = _lines(path, max_line_bytes=64 << 10)
+    assert lines == ["first", "last"]
+    assert rejects.counts["line too long"] == 1
+    assert rejects.samples["line too long"][0][0] == 2  # line number of the giant
+    assert reader.lines == 3
+
+
+def test_reader_invalid_utf8_is_replaced_and_counted(tmp_path):
+    path = tmp_path / "bad.log"
+    path.write_bytes(b"ok \xc3\xa9\nbad \xff\xfe here\n\x00\x01\x02binary\n")
+    lines, reader, _ = _lines(path)
+    assert lines[0] == "ok é" and "\ufffd" in lines[1] and len(lines) == 3
+    assert reader.repaired == 1
+
+
+def test_incremental_reader_leaves_a_half_written_line(tmp_path):
+    path = tmp_path / "growing.log"
+    path.write_bytes(b"one\ntwo\nthr")
+    lines, reader, _ = _lines(path, partial_tail=False)
+    assert lines == ["one", "two"] and reader.offset == 8
+    lines, _, _ = _lines(path, partial_tail=True)
+    assert lines[-1] == "thr"
+
+
+def test_chunks_cut_at_line_and_event_starts(tmp_path):
+    path = tmp_path / "tgi.txt"
+    path.write_bytes(TGI_DEBUG.read_bytes() * 400)
+    chunks = plan_chunks(path, "tgi-text", 1 << 16)
+    assert len(chunks) > 5
+    data = path.read_bytes()
+    for chunk in chunks[1:]:
+        assert data[chunk.start : chunk.start + 4] == b"2025"  # an event, not a continuation
+
+
+def test_chunked_run_equals_single_run_for_vllm_and_tgi(tmp_path):
+    for source, fmt in ((V011, "vllm"), (TGI_DEBUG, "tgi-text")):
+        path = tmp_path / source.name
+        path.write_bytes(source.read_bytes() * 150)
+        whole = ingest_paths([path], IngestOptions(year=2025))
+        chunked = ingest_paths([path], IngestOptions(year=2025, chunk_bytes=1 << 16, workers=2))
+        assert len(chunked.records) == len(whole.records) >= 150
+        columns = ["ts", "request_id", "status", "output_tokens", "prompt"]
+        assert chunked.records[columns].equals(whole.records[columns]), fmt
+        assert chunked.summary[0].rejects.total == 0
+        assert chunked.summary[0].lines == whole.summary[0].lines
+
+
+def test_join_across_a_chunk_boundary(tmp_path):
+    """Received in one chunk, Aborted in the next: one record, status aborted."""
+    lines = V011.read_text().splitlines()
+    received = next(x for x in lines if "Received request chatcmpl-e2c4" in x)
+    aborted = next(x for x in lines if "Aborted request(s)" in x)
+    filler = next(x for x in lines if "Engine 000" in x)
+    path = tmp_path / "split.log"
+    path.write_text("\n".join([received] + [filler] * 1500 + [aborted]) + "\n")
+    result = ingest_paths([path], IngestOptions(year=2025, chunk_bytes=1 << 16))
+    records = result.records
+    assert len(records) == 1 and records["status"].iloc[0] == "aborted"
+    assert len(result.metrics) == 1500
+
+
+def test_gz_and_truncated_gz_keep_good_records(tmp_path):
+    packed = gzip.compress(V011.read_bytes() * 50)
+    good = tmp_path / "app.log.1.gz"
+    good.write_bytes(packed)
+    result = ingest_paths([good], IngestOptions(year=2025))
+    assert result.summary[0].format == "vllm" and len(result.records) == 250
+    broken = tmp_path / "app.log.2.gz"
+    broken.write_bytes(packed[: len(packed) // 2])
+    result = ingest_paths([broken], IngestOptions(year=2025))
+    summary = result.summary[0]
+    assert summary.rejects.counts["truncated or corrupt gzip"] == 1
+    assert 0 < len(result.records) < 250
+
+
+def test_empty_binary_and_unknown_files_never_crash(tmp_path):
+    (tmp_path / "empty.log").write_bytes(b"")
+    (tmp_path / "junk.bin").write_bytes(os.urandom(5000))
+    (tmp_path / "prose.txt").write_text("hello\nworld\n")
+    shutil.copy(V011, tmp_path / "vllm.log")
+    result = ingest_paths([tmp_path], IngestOptions(year=2025))
+    by_name = {Path(s.path).name: s for s in result.summary}
+    assert by_name["empty.log"].format == "empty"
+    assert by_name["prose.txt"].format == "unknown"
+    assert by_name["prose.txt"].rejects.counts["format not recognised"] == 2
+    assert by_name["vllm.log"].records == 5
+    assert len(result.records) == 5
+
+
+def test_garbage_inside_a_vllm_log_is_counted_by_reason(tmp_path):
+    text = V011.read_bytes()
+    path = tmp_path / "mixed.log"
+    path.write_bytes(text + b"\xff\xfe\x00garbage\n" + b"random words here\n" + text)
+    result = ingest_paths([path], IngestOptions(year=2025))
+    summary = result.summary[0]
+    assert len(result.records) == 10
+    assert summary.rejects.counts == {"invalid utf-8": 1, "not a vLLM log line": 1}
+    samples = summary.rejects.sample_lines()["not a vLLM log line"]
+    assert samples[0].startswith(f"{path}:24: random words")
+
+
+def test_incremental_state_reads_only_new_lines_and_handles_rotation(tmp_path):
+    lines = V011.read_text().splitlines(keepends=True)
+    log, state_file = tmp_path / "app.log", tmp_path / "state.json"
+    options = IngestOptions(year=2025)
+    log.write_text("".join(lines[:8]) + lines[8].rstrip("\n"))  # a half-written 9th line
+
+    def run() -> int:
+        state = IngestState.load(state_file)
+        result = ingest_paths([tmp_path / "app.log"], options, state)
+        state.save(state_file)
+        return len(result.records)
+
+    first = run()
+    with open(log, "a") as out:
+        out.write("\n" + "".join(lines[9:]))
+    second = run()
+    assert first + second == 5  # nothing twice, nothing lost
+    assert run() == 0  # no growth, nothing read
+    os.rename(log, tmp_path / "app.log.1")  # rotation: a new file under the old name
+    log.write_text("".join(lines))
+    assert run() == 5
+    state = IngestState.load(state_file)
+    assert state.files[str(log)].offset == log.stat().st_size
+
+
+def test_rotated_then_compressed_file_is_not_read_twice(tmp_path):
+    text = V011.read_text()
+    log, state_file = tmp_path / "app.log", tmp_path / "state.json"
+    log.write_text(text)
+    state = IngestState()
+    assert len(ingest_paths([log], IngestOptions(year=2025), state).records) == 5
+    state.save(state_file)
+    rotated = tmp_path / "app.log.1.gz"
+    rotated.write_bytes(gzip.compress((text + text).encode()))
+    log.unlink()
+    state = IngestState.load(state_file)
+    result = ingest_paths([rotated], IngestOptions(year=2025), state)
+    assert len(result.records) == 5  # only the part written after the last run
+    assert "continued from" in " ".join(result.summary[0].assumptions)
+
+
+def test_bad_options_are_bad_input():
+    with pytest.raises(BadInputError):
+        ingest_paths([V011], IngestOptions(format="nope"))
+    with pytest.raises(BadInputError):
+        ingest_paths([V011], IngestOptions(tz="Mars/Olympus"))
+    with pytest.raises(BadInputError):
+        IngestOptions(block_size=0)
+    with pytest.raises(BadInputError):
+        ingest_paths(["/no/such/file.log"])
