@@ -111,3 +111,24 @@ def generate_tokens(
         top = tuple([(text, logprob), *sorted(alternatives, key=lambda a: -a[1])][:top_n])
         tokens.append(SimulatedToken(text, token_id(text), logprob, top))
     return tokens
+
+
+EMBEDDING_DIM = 64
+
+
+def _word_vector(word: str) -> list[float]:
+    digest = hashlib.blake2b(word.lower().encode(), digest_size=EMBEDDING_DIM // 8).digest()
+    return [1.0 if byte >> bit & 1 else -1.0 for byte in digest for bit in range(8)]
+
+
+def embed_text(text: str) -> list[float]:
+    """A deterministic unit vector: the normalised sum of the text's hashed words.
+
+    Texts that share words point the same way, so a semantic cache sees near neighbours; it is
+    a stand-in for a pooling model, not a model.
+    """
+    total = [0.0] * EMBEDDING_DIM
+    for word in text.split() or [""]:
+        total = [a + b for a, b in zip(total, _word_vector(word.strip(".,;:!?")), strict=True)]
+    norm = sum(x * x for x in total) ** 0.5 or 1.0
+    return [round(x / norm, 6) for x in total]

@@ -30,7 +30,7 @@ from jobs.simulator.engine import (
     PromptTooLongError,
     SimulatedEngine,
 )
-from jobs.simulator.outputs import SimulatedToken
+from jobs.simulator.outputs import SimulatedToken, embed_text
 from jobs.simulator.vllm_log import VllmLogWriter
 from pipeline.errors import BadInputError
 from pipeline.prefix import count_tokens
@@ -183,6 +183,27 @@ class SimulatorRoutes:
         stream = chunks(generation, rid, model, bool(options.get("include_usage")))
         return StreamingResponse(_guarded(generation, stream), media_type="text/event-stream")
 
+    async def embeddings(self, request: Request) -> Response:
+        """vLLM's ``/v1/embeddings`` shape, with the simulator's hashed bag-of-words vectors."""
+        body = await _json_body(request)
+        await self._admit()
+        self.engine.resolve_model(body.get("model"))
+        inputs = body.get("input")
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise proto.ProtocolError("'input' must be a string or a list of strings")
+        data = [
+            {"index": i, "object": "embedding", "embedding": embed_text(t)}
+            for i, t in enumerate(texts)
+        ]
+        tokens = sum(count_tokens(t) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+        model = body.get("model") or self.engine.config.model
+        return JSONResponse(
+            {"id": proto.request_id("embd", None), "object": "list", "created": int(time.time()),
+             "model": model, "data": data, "usage": usage}
+        )  # fmt: skip
+
     async def load_lora(self, request: Request) -> Response:
         body = await _json_body(request)
         name, path = body.get("lora_name"), body.get("lora_path")
@@ -297,6 +318,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
             Route("/v1/load_lora_adapter", routes.load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", routes.unload_lora, methods=["POST"]),
             Route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"]),

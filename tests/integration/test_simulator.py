@@ -223,3 +223,15 @@ def test_logs_are_current_vllm_format_and_say_simulator(sim):
         "Engine 000: Avg prompt throughput:" in ln and "Prefix cache hit rate:" in ln
         for ln in lines
     )
+
+
+def test_embeddings_are_deterministic_unit_vectors_closer_for_shared_words(sim):
+    texts = ["refund for my invoice", "refund my invoice please", "train to Munich"]
+    body = httpx.post(f"{sim.url}/v1/embeddings", json={"input": texts}).json()
+    vectors = [row["embedding"] for row in body["data"]]
+    again = httpx.post(f"{sim.url}/v1/embeddings", json={"input": texts[0]}).json()
+    assert again["data"][0]["embedding"] == vectors[0]
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b, strict=True))  # noqa: E731
+    assert abs(dot(vectors[0], vectors[0]) - 1.0) < 1e-4
+    assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2])
+    assert body["usage"]["prompt_tokens"] > 0
