@@ -8,6 +8,7 @@ left to do, and a push missed while the service was down is caught up by the nex
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -124,17 +125,28 @@ def queue_repo_changed(
     return str(task.apply_async((repo, before, after), **options).id)
 
 
+def poll_changed(
+    settings: Settings, store: redis.Redis, enqueue: Callable[[str, str | None, str], str]
+) -> dict[str, Any]:
+    """Fetch every configured repository; ``enqueue`` those whose head was not processed yet."""
+    queued: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for config in settings.template_repos:
+        try:
+            head = TemplateRepo(config, settings.data_dir).sync()
+        except TransientError as exc:  # one unreachable repository must not stop the others
+            failed[config.name] = str(exc)
+            continue
+        if last_sha(store, config.name) != head:
+            queued[config.name] = enqueue(config.name, None, head)
+    return {"repos": len(settings.template_repos), "queued": queued, "failed": failed}
+
+
 @shared_task(name="prewarm.events.poll_repos", acks_late=True)
 def poll_repos() -> dict[str, Any]:
-    """Fetch every configured repository; queue ``repo_changed`` for those with new commits."""
+    """Poll the repositories (beat runs this every ``schedule.poll_repos_s``)."""
     settings = current_settings()
-    store = store_client(settings)
-    queued: dict[str, str] = {}
-    for config in settings.template_repos:
-        head = TemplateRepo(config, settings.data_dir).sync()
-        if last_sha(store, config.name) != head:
-            queued[config.name] = queue_repo_changed(config.name, None, head)
-    return {"repos": len(settings.template_repos), "queued": queued}
+    return poll_changed(settings, store_client(settings), queue_repo_changed)
 
 
 def _prompts(records_path: Path) -> pd.Series:

@@ -323,3 +323,30 @@ def test_pushes_processed_out_of_order_never_step_back(source, tmp_path, store):
     lock = store.lock("prewarm:templates:acme/prompts:lock", timeout=30)
     with lock, pytest.raises(TransientError, match="another push"):
         process_push(settings, store, "acme/prompts", None, third)
+
+
+def test_polling_queues_only_repositories_with_unprocessed_heads(source, tmp_path, store):
+    from tasks.events import poll_changed, process_push
+    from tasks.settings import Settings
+
+    repos = (
+        TemplateRepoSettings(name="acme/prompts", url=str(source.root)),
+        TemplateRepoSettings(name="acme/gone", url=str(tmp_path / "missing")),
+    )
+    settings = Settings(template_repos=repos, data_dir=tmp_path / "data")
+    queued: list[tuple] = []
+
+    def enqueue(*args):
+        queued.append(args)
+        return f"task-{len(queued)}"
+
+    head = source.repo.head.commit.hexsha
+    first = poll_changed(settings, store, enqueue)
+    assert first["queued"] == {"acme/prompts": "task-1"} and "acme/gone" in first["failed"]
+    assert queued == [("acme/prompts", None, head)]
+    process_push(settings, store, "acme/prompts", None, head)
+    assert poll_changed(settings, store, enqueue)["queued"] == {}
+    source.write("prompts/new.jinja", "A new one {{ x }}")
+    newer = source.commit()
+    assert poll_changed(settings, store, enqueue)["queued"] == {"acme/prompts": "task-2"}
+    assert queued[-1] == ("acme/prompts", None, newer)
