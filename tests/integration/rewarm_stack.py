@@ -41,6 +41,7 @@ class Stack:
     webhook_url: str
     queue: str
     store: redis.Redis
+    sim: SimulatorServer
 
     def commit(self, files: dict[str, str], message: str = "edit") -> str:
         for path, text in files.items():
@@ -65,16 +66,21 @@ class Stack:
         }  # fmt: skip
         return httpx.post(f"{self.webhook_url}/webhooks/github", content=body, headers=headers)
 
-    def wait_txn(self, sha: str, timeout: float = 60.0) -> dict:
-        """The re-warm record of ``sha`` once it is final."""
+    def wait_txn(
+        self,
+        sha: str,
+        timeout: float = 60.0,
+        states: tuple[str, ...] = ("committed", "rolled_back"),
+    ) -> dict:
+        """The re-warm record of ``sha`` once it reaches one of ``states``."""
         key = f"prewarm:templates:{REPO}:txn:{sha}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             raw = self.store.get(key)
-            if raw and json.loads(raw)["state"] in ("committed", "rolled_back"):
+            if raw and json.loads(raw)["state"] in states:
                 return json.loads(raw)
             time.sleep(0.01)
-        raise TimeoutError(f"no final re-warm record for {sha}")
+        raise TimeoutError(f"no re-warm record for {sha} in {states}")
 
 
 def _config(tmp: Path, src: Path, engine_url: str) -> Path:
@@ -137,7 +143,7 @@ def rewarm_stack(tmp: Path, store_url: str, files: dict[str, str]) -> Iterator[S
         url = stack.enter_context(
             serve(webhook_app(settings=settings, store=store, enqueue=enqueue))
         )
-        handle = Stack(source, src, sim.url, url, queue, store)
+        handle = Stack(source, src, sim.url, url, queue, store, sim)
         handle.commit(files, "first")
         yield handle
         os.environ.pop("PREWARM_CONFIG", None)

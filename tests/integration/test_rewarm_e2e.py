@@ -60,3 +60,24 @@ def test_push_webhook_rewarms_and_serves_the_new_version(
         # The same delivery content again (a new delivery id) finds nothing left to do.
         again = stack.push_webhook(first, second)
         assert again.status_code == 202
+
+
+def test_a_failed_rewarm_keeps_the_old_version_serving_until_a_retry_commits(
+    tmp_path, celery_app_configured, store_url
+):
+    with rewarm_stack(tmp_path, store_url, {"prompts/billing.jinja": SUPPORT}) as stack:
+        first = stack.source.head.commit.hexsha
+        assert stack.push_webhook("0" * 40, first).status_code == 202
+        assert stack.wait_txn(first)["state"] == "committed"
+        old = serving(stack.store, REPO)["prompts/billing.jinja"]["version"]
+
+        stack.sim.stop()  # the engine is down while the push arrives
+        second = stack.commit({"prompts/billing.jinja": SUPPORT.replace("Acme", "Acme Ltd")})
+        assert stack.push_webhook(first, second).status_code == 202
+        failed = stack.wait_txn(second, states=("rolled_back",))
+        assert "sim" in failed["error"]
+        assert serving(stack.store, REPO)["prompts/billing.jinja"]["version"] == old
+
+        stack.sim.start()  # back on the same port: the task's retry goes through
+        assert stack.wait_txn(second, timeout=90, states=("committed",))["state"] == "committed"
+        assert serving(stack.store, REPO)["prompts/billing.jinja"]["version"] != old
