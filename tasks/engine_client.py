@@ -117,6 +117,23 @@ class EngineClient:
         body = self.post("/v1/chat/completions" if chat else "/v1/completions", payload).json()
         return _completion(body, time.perf_counter() - started, chat)
 
+    def complete_many(self, items: list[WarmItem], max_tokens: int = 1) -> Completion:
+        """One ``/v1/completions`` request for several text prompts (a list ``prompt``).
+
+        The items must share model and extra parameters; usage comes back summed over them.
+        """
+        first = items[0]
+        payload: dict[str, Any] = {
+            "model": first.adapter or self.engine.model,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **first.params,
+            "prompt": [item.text for item in items],
+        }
+        started = time.perf_counter()
+        body = self.post("/v1/completions", payload).json()
+        return _completion(body, time.perf_counter() - started, chat=False)
+
     def loaded_models(self) -> set[str]:
         """Model ids the engine serves now (base model and loaded adapters)."""
         response = self.http.get("/v1/models")

@@ -34,6 +34,8 @@ class WarmOptions:
     response_max_tokens: int = 32
     min_mean_logprob: float = -2.5
     ttft_drop: float = 0.3
+    prompts_per_request: int = 32  # text prefixes primed per /v1/completions request
+    min_cached_share: float = 0.5  # of a probed group's prompt tokens that must be cached
     use_wal: bool = True
     ordered: bool = False
 
@@ -71,6 +73,13 @@ class BatchContext:
     owner: str = ""
     adapter_paths: dict[str, str] = field(default_factory=dict)
     requests_at_start: int = 0
+
+    @property
+    def group_size(self) -> int:
+        """Prompts per priming request; engines without list prompts or cached-token counts
+        (llama.cpp, TGI) get one, so every probe speaks for exactly one prefix."""
+        grouping = self.engine.engine.kind in ("vllm", "simulator")
+        return max(1, self.options.prompts_per_request) if grouping else 1
 
     def record(self, effects: Sequence[Effect]) -> None:
         """Write engine-effect records before the effects (no-op without a WAL)."""

@@ -1,18 +1,27 @@
 """Prefix and shape targets: prime an engine with 1-token requests through its public API.
 
 Priming cannot be undone (an engine has no "forget this prefix" call), so each request is
-recorded as an irreversible effect before it is sent. Verification probes the same prefix: it
-must report ``usage.prompt_tokens_details.cached_tokens`` > 0, or — where the engine does not
-report it — answer faster than the priming request by at least ``ttft_drop``.
+recorded as an irreversible effect before it is sent. Text prefixes that share model and
+parameters go several to a request (``/v1/completions`` takes a list of prompts; at most
+``WarmOptions.prompts_per_request``); chat prefixes go one per ``/v1/chat/completions`` request
+so the engine's chat template renders them.
+
+Verification probes the primed prefixes: the engine must report
+``usage.prompt_tokens_details.cached_tokens`` (for a group: at least ``min_cached_share`` of its
+prompt tokens, else each prompt is probed alone and needs cached tokens > 0), or — where the
+engine does not report it — answer faster than the priming request by at least ``ttft_drop``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from pipeline.errors import PrewarmError
+from pipeline.keys import canonical_json
 from pipeline.plan import WarmItem
 from pipeline.wal import Effect
+from tasks.engine_client import Completion
 from tasks.targets.base import BatchContext, ItemResult
 
 
@@ -26,33 +35,85 @@ def _irreversible(items: Sequence[WarmItem], ctx: BatchContext, op: str) -> None
     )
 
 
+def _groupable(item: WarmItem) -> bool:
+    return item.kind == "prefix" and item.messages is None
+
+
+def groups(items: Sequence[WarmItem], size: int) -> list[list[int]]:
+    """Indices of ``items`` cut into request groups: runs of text prefixes with the same model
+    and parameters (at most ``size`` each); every other item alone. Order is kept."""
+
+    def signature(pair: tuple[int, WarmItem]) -> str:
+        i, item = pair
+        if not _groupable(item):
+            return f"single:{i}"
+        return canonical_json({"a": item.adapter, "p": dict(item.params)})
+
+    out: list[list[int]] = []
+    for _, run in groupby(enumerate(items), key=signature):
+        indices = [i for i, _ in run]
+        out.extend(indices[k : k + max(1, size)] for k in range(0, len(indices), max(1, size)))
+    return out
+
+
+def _send(items: list[WarmItem], ctx: BatchContext) -> Completion:
+    first = items[0]
+    if len(items) > 1:
+        return ctx.engine.complete_many(items)
+    max_tokens = int(first.params.get("max_tokens", 1)) if first.kind == "shape" else 1
+    return ctx.engine.complete(first, max_tokens=max_tokens)
+
+
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
     """Prime every prefix (and run every shape request) once, in plan order."""
     _irreversible(items, ctx, "prime")
-    results = []
-    for item in items:
-        result = ItemResult(item.key, item.kind)
-        max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
+    results = [ItemResult(item.key, item.kind) for item in items]
+    for group in groups(items, ctx.group_size):
         try:
-            result.prime = ctx.engine.complete(item, max_tokens=max_tokens)
+            done = _send([items[i] for i in group], ctx)
         except PrewarmError as exc:
-            result.fail(str(exc))
-        results.append(result)
+            for i in group:
+                results[i].fail(str(exc))
+            continue
+        for i in group:
+            results[i].prime = done
     return results
 
 
+def _probe_fails(probe: Completion, prime: Completion, ctx: BatchContext, alone: bool) -> str:
+    """Why a probe shows no warm cache ('' when it does)."""
+    if probe.cached_tokens is not None:
+        if alone:
+            return "" if probe.cached_tokens > 0 else "probe: no cached tokens"
+        share = probe.cached_tokens / max(1, probe.prompt_tokens)
+        return "" if share >= ctx.options.min_cached_share else "probe: group under share"
+    if probe.elapsed_s > prime.elapsed_s * (1 - ctx.options.ttft_drop):
+        return "probe: no time-to-first-token drop"
+    return ""
+
+
+def _probe(indices: list[int], items: Sequence[WarmItem], results: Sequence[ItemResult],
+           ctx: BatchContext) -> None:  # fmt: skip
+    group = [items[i] for i in indices]
+    prime = results[indices[0]].prime
+    assert prime is not None  # only primed groups are probed
+    try:
+        probe = ctx.engine.complete_many(group) if len(group) > 1 else ctx.engine.complete(group[0])
+    except PrewarmError as exc:
+        for i in indices:
+            results[i].fail(f"probe: {exc}")
+        return
+    why = _probe_fails(probe, prime, ctx, alone=len(group) == 1)
+    if why and len(group) > 1:
+        for i in indices:  # find out which prompts did not stick
+            _probe([i], items, results, ctx)
+    elif why:
+        results[indices[0]].fail(why)
+
+
 def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
-    """Probe each primed prefix; shapes are done once they answered."""
-    for item, result in zip(items, results, strict=True):
-        if not result.ok or item.kind != "prefix" or result.prime is None:
-            continue
-        try:
-            probe = ctx.engine.complete(item, max_tokens=1)
-        except PrewarmError as exc:
-            result.fail(f"probe: {exc}")
-            continue
-        if probe.cached_tokens is not None:
-            if probe.cached_tokens <= 0:
-                result.fail("probe: no cached tokens")
-        elif probe.elapsed_s > result.prime.elapsed_s * (1 - ctx.options.ttft_drop):
-            result.fail("probe: no time-to-first-token drop")
+    """Probe each primed group of prefixes; shapes are done once they answered."""
+    for group in groups(items, ctx.group_size):
+        live = [i for i in group if results[i].ok and items[i].kind == "prefix"]
+        if live and results[live[0]].prime is not None:
+            _probe(live, items, results, ctx)

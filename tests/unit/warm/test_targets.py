@@ -1,0 +1,110 @@
+"""Targets and the engine client against a mock transport (the HTTPX way to unit-test)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from pipeline.errors import EngineUnavailableError
+from pipeline.keys import response_key
+from pipeline.plan import WarmItem
+from tasks.cache_client import CacheClient
+from tasks.engine_client import EngineClient, EngineError, RetryPolicy
+from tasks.settings import EngineSettings
+from tasks.targets.base import BatchContext, WarmOptions
+from tasks.targets.prefix import groups
+from tasks.targets.response import apply_embeddings
+
+ENGINE = EngineSettings(name="e", url="http://engine.test", model="m")
+FAST = RetryPolicy(attempts=3, base_s=0.0)
+
+
+def _client(handler) -> EngineClient:
+    return EngineClient(ENGINE, retry=FAST, transport=httpx.MockTransport(handler))
+
+
+def _item(key, kind="prefix", **kw):
+    kw.setdefault("text", f"text {key}")
+    return WarmItem(kind, key, "m", **kw)
+
+
+def test_text_prefixes_group_by_parameters_chat_goes_alone():
+    items = [_item("a"), _item("b"), _item("c", params={"cache_salt": "t2"}),
+             _item("d", text=None, messages=({"role": "system", "content": "x"},), endpoint="chat"),
+             _item("e"), _item("f"), _item("g")]  # fmt: skip
+    assert groups(items, 2) == [[0, 1], [2], [3], [4, 5], [6]]
+
+
+def test_transient_failures_are_retried_then_raised():
+    calls = []
+
+    def flaky(request):
+        calls.append(request)
+        if len(calls) < 3:
+            return httpx.Response(503)
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3}})
+
+    assert _client(flaky).complete(_item("a")).text == "x" and len(calls) == 3
+    with pytest.raises(EngineUnavailableError, match="HTTP 500 after retries"):
+        _client(lambda r: httpx.Response(500)).complete(_item("a"))
+
+    def down(request):
+        raise httpx.ConnectTimeout("slow", request=request)
+
+    with pytest.raises(EngineUnavailableError, match="ConnectTimeout"):
+        _client(down).complete(_item("a"))
+
+
+def test_client_errors_are_not_retried():
+    calls = []
+
+    def refuse(request):
+        calls.append(request)
+        return httpx.Response(400, text="bad prompt")
+
+    with pytest.raises(EngineError):
+        _client(refuse).complete(_item("a"))
+    assert len(calls) == 1
+
+
+def test_chat_items_use_the_chat_route_and_list_prompts_one_request():
+    seen = []
+
+    def engine(request):
+        seen.append((request.url.path, json.loads(request.content)))
+        usage = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}
+        choice = {"message": {"content": "ok"}, "text": "ok"}
+        return httpx.Response(200, json={"choices": [choice], "usage": usage})
+
+    client = _client(engine)
+    chat = _item("c", text=None, messages=({"role": "system", "content": "s"},), endpoint="chat")
+    assert client.complete(chat).cached_tokens == 8
+    client.complete_many([_item("a"), _item("b")])
+    assert seen[0][0] == "/v1/chat/completions" and seen[0][1]["messages"][0]["content"] == "s"
+    assert seen[1][0] == "/v1/completions" and seen[1][1]["prompt"] == ["text a", "text b"]
+
+
+@pytest.mark.integration
+def test_embeddings_are_stored_and_found_by_similarity(store):
+    vectors = {"refund policy": [1.0, 0.0, 0.1], "shipping times": [0.0, 1.0, 0.0]}
+
+    def engine(request):
+        texts = json.loads(request.content)["input"]
+        data = [{"index": i, "embedding": vectors[t]} for i, t in enumerate(texts)]
+        return httpx.Response(200, json={"data": data})
+
+    items = [
+        _item(response_key(model="m", template="t@1", params={}, text=t, tenant="acme",
+                           kind="embedding").render(), kind="embedding", text=t, tenant="acme")
+        for t in vectors
+    ]  # fmt: skip
+    ctx = BatchContext(store, _client(engine), WarmOptions())
+    results = apply_embeddings(items, ctx)
+    assert all(r.ok for r in results)
+    cache = CacheClient(store)
+    hit = cache.semantic([0.9, 0.05, 0.1], tenant="acme", model="m", threshold=0.9)
+    assert hit is not None and hit.value["text"] == "refund policy" and hit.similarity > 0.99
+    assert cache.semantic([0.5, 0.5, 0.0], tenant="acme", model="m", threshold=0.9) is None
+    assert cache.semantic([1.0, 0.0, 0.1], tenant="other", model="m") is None
