@@ -27,11 +27,11 @@ def test_demo_warms_every_template_and_cuts_first_use_ttft(tmp_path):
     for name, entry in warmed.items():
         # The warmed prefix covers the whole system prompt: all but the question's blocks.
         assert entry["cached_tokens"] >= 0.8 * entry["prompt_tokens"], name
-    assert report["warm_report"]["items_ok"] == len(report["plan_items"]) >= 2
+    assert report["warm_report"]["items_ok"] == len(report["plan_items"]) == 2  # one per template
     assert report["warm_report"]["rolled_back"] == 0
     median = report["median_first_use_ttft_s"]
     assert median["warmed"] < median["cold"]
-    assert report["records"] == 6
+    assert report["records"] >= 6
     engine_log = (tmp_path / "run" / "engine.log").read_text()
     assert "prewarm engine SIMULATOR" in engine_log
     worker_log = (tmp_path / "run" / "worker.log").read_text()
