@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 #: (entry name, task name, the ``schedule`` setting that gives its period)
 PERIODIC = (
+    ("forecast", "prewarm.model.predict", "window_s"),
+    ("retrain", "prewarm.model.retrain", "retrain_s"),
     ("poll-template-repos", "prewarm.events.poll_repos", "poll_repos_s"),
     ("wal-recovery-sweep", "prewarm.warm.recover", "wal_sweep_s"),
     ("replica-watch", "prewarm.events.replica_watch", "replica_watch_s"),

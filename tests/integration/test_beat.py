@@ -33,6 +33,14 @@ def test_entries_without_an_installed_task_are_left_out():
     assert {task for _, task, _ in PERIODIC} >= only
 
 
+def test_model_entries_follow_window_and_retrain_periods():
+    known = {"prewarm.model.predict", "prewarm.model.retrain"}
+    settings = Settings(schedule=ScheduleSettings(window_s=300, retrain_s=3600))
+    schedule = beat_schedule(settings, known=known)
+    assert schedule["forecast"]["task"] == "prewarm.model.predict"
+    assert schedule["forecast"]["schedule"] == 300.0 and schedule["retrain"]["schedule"] == 3600.0
+
+
 def test_real_beat_sends_a_due_task(tmp_path, broker_url, store_url):
     config = tmp_path / "prewarm.toml"
     config.write_text(
