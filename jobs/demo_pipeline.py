@@ -1,7 +1,7 @@
 """The demo's learning step: the simulator's log → records → counts → a budgeted plan.
 
-Every step is prewarm's real one (ingest, item × window counts, shared-prefix detection, the
-planner); the forecast is the simple frequency one (EWMA over the windows the counts show).
+Every step is prewarm's real one (ingest, item × window counts, the planner from records); the
+forecast is the simple frequency one: an EWMA over the windows the counts show per prefix.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.plan import EngineCost, PlanBudget, WarmPlan, build_plan
-from pipeline.prefixes import SharedPrefix, detect_prefixes, frequency_forecast, prefix_items
+from pipeline.plan import EngineCost, PlanBudget, WarmPlan
+from pipeline.planning import PlanRequest, plan_from_records
+from pipeline.prefixes import frequency_forecast
 from pipeline.windows import item_window_counts
 
 
@@ -25,7 +26,6 @@ class Learned:
     records: int
     rejected: int
     counts: pd.DataFrame
-    prefixes: list[SharedPrefix]
     plan: WarmPlan
 
 
@@ -49,8 +49,10 @@ def learn_plan(
         [log_file], IngestOptions(block_size=block_size, model=model, window="1min")
     )
     counts = item_window_counts(result.records, window="1min")
-    prefixes = detect_prefixes(result.records, min_count=2, block_size=block_size, window_s=60)
-    forecast = forecast_from_counts(counts, (p.key for p in prefixes))
-    plan = build_plan(engine, prefix_items(prefixes, forecast, window_s=60), budget, cost)
+    forecast = forecast_from_counts(counts, counts["item_key"][counts["item_kind"] == "prefix"])
+    request = PlanRequest(
+        engine, model, budget, cost, min_count=2, window_s=60, block_size=block_size
+    )
+    plan = plan_from_records(result.records, request, forecast)
     rejected = int(result.summary_dict()["rejected"])
-    return Learned(len(result.records), rejected, counts, prefixes, plan)
+    return Learned(len(result.records), rejected, counts, plan)

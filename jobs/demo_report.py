@@ -63,9 +63,9 @@ def print_result(result: DemoResult, workload: list[DemoRequest], console: Conso
     assert learned is not None
     prefixes = learned.counts[learned.counts["item_kind"] == "prefix"]
     console.print(
-        f"\nIngested {learned.records} requests from the simulator's vLLM-format log "
+        f"\nIngested {learned.records} request records from the simulator's vLLM-format log "
         f"({learned.rejected} lines rejected); {prefixes['item_key'].nunique()} prefix blocks "
-        f"counted; {len(learned.prefixes)} shared prefixes found; plan {learned.plan.plan_id}."
+        f"counted; plan {learned.plan.plan_id}: {'; '.join(learned.plan.notes)}."
     )
     console.print(warmed_table(result, workload))
     report = result.report
