@@ -104,6 +104,7 @@ def chunk_meta(result: ChunkResult) -> dict[str, Any]:
     data.pop("heads")
     data.pop("metrics")
     data["rejects"] = result.rejects.to_dict()
+    data["ignored"] = dict(result.ignored)  # asdict() mangles a Counter's items
     data["cap_evidence"] = {str(k): v for k, v in result.cap_evidence.items()}
     return data
 

@@ -185,3 +185,15 @@ def test_bad_options_are_bad_input():
         IngestOptions(block_size=0)
     with pytest.raises(BadInputError):
         ingest_paths(["/no/such/file.log"])
+
+
+def test_chunk_meta_round_trips_through_json(tmp_path):
+    import json
+
+    from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
+    from pipeline.ingest.parse import ChunkSpec, parse_chunk
+
+    result = parse_chunk(ChunkSpec(str(V011), "vllm", 0, None), IngestOptions())
+    back = chunk_from_meta(json.loads(json.dumps(chunk_meta(result))))
+    assert back.ignored == result.ignored and back.tails == result.tails
+    assert back.rejects.counts == result.rejects.counts and back.lines == result.lines

@@ -1,0 +1,56 @@
+"""A large log fans out as byte-range chunks over a real worker; redelivery changes nothing."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from celery.result import AsyncResult
+
+from pipeline.ingest import IngestOptions, ingest_paths
+from pipeline.ingest.distributed import part_dir, plan_file_chunks
+from pipeline.ingest.sinks import read_records
+from tests.conftest import SHARED_DATA
+
+pytestmark = pytest.mark.integration
+
+V011 = SHARED_DATA / "logs" / "examples" / "vllm-v0.11.txt"
+OPTIONS = {"year": 2025, "chunk_bytes": 1 << 16}
+
+
+def test_chunks_fan_out_assemble_and_redelivery_is_harmless(
+    celery_worker, celery_app_configured, tmp_path
+):
+    log = tmp_path / "big.log"
+    log.write_bytes(V011.read_bytes() * 120)  # ~750 KB: a dozen 64 KiB chunks
+    data, out = tmp_path / "data", tmp_path / "out"
+    sent = celery_app_configured.send_task(
+        "prewarm.ingest.file",
+        args=[str(log)],
+        kwargs={"out_dir": str(out), "options": OPTIONS, "data_dir": str(data)},
+    )
+    plan = sent.get(timeout=60)
+    assert plan["format"] == "vllm" and plan["chunks"] >= 10
+    summary = AsyncResult(plan["assemble_id"], app=celery_app_configured).get(timeout=120)
+    assert summary["rejected"] == {} and summary["records"] == 600
+
+    records = read_records(out / "records.parquet")
+    expected = ingest_paths([log], IngestOptions(year=2025)).records
+    columns = ["ts", "request_id", "status", "output_tokens", "prompt", "prefix_hashes"]
+    order = columns[:-1]  # the file repeats itself: rows equal on these are equal on all
+
+    def ordered(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[columns].sort_values(order, kind="stable").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(ordered(records), ordered(expected))
+    assert (out / "windows.parquet").exists() and (out / "metrics.parquet").exists()
+
+    identity, _, specs = plan_file_chunks(log, IngestOptions(**OPTIONS))
+    assert identity == plan["identity"]
+    folder = part_dir(data, identity)
+    parts = sorted(folder.glob("*.parquet"))
+    before = {p: p.stat().st_mtime_ns for p in parts}
+    again = celery_app_configured.send_task(
+        "prewarm.ingest.chunk", args=[specs[3], OPTIONS, str(folder)]
+    ).get(timeout=60)
+    assert again["cached"] is True
+    assert {p: p.stat().st_mtime_ns for p in sorted(folder.glob("*.parquet"))} == before
