@@ -231,9 +231,10 @@ class VllmChunkParser:
             return
         request_id, rest = msg[17:colon], msg[colon + 2 : -1]
         earlier = self.requests.get(request_id)
-        if earlier is not None and (earlier["_head"] or earlier["_line"] < line_no):
+        if earlier is not None and (earlier["_head"] or earlier.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
-            # the new one. Lines seen before it belong to an earlier request (a tail).
+            # the new one. An outcome seen before it belongs to an earlier request (a tail);
+            # a DEBUG details line printed just before it belongs to this one.
             self.requests[f"{request_id}\x00{line_no}"] = self.requests.pop(request_id)
         record = self._record(request_id, ts, line_no)
         record.update(ts=ts, _line=line_no, _head=True)
