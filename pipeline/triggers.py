@@ -334,3 +334,37 @@ def drift_events(
         if event is not None:
             events.append(event)
     return events
+
+
+def window_requests(counts: pd.DataFrame) -> pd.Series:
+    """Requests per window from item × window counts (each request has exactly one model item)."""
+    models = counts[counts["item_kind"] == "model"]
+    return models.groupby("window_start", sort=True)["requests"].sum()
+
+
+def log_signals(
+    metrics: Iterable[Mapping[str, Any]],
+    counts: pd.DataFrame,
+    engine: str = "fleet",
+    cooldown_s: float = 300.0,
+) -> list[TriggerEvent]:
+    """Every trigger event an ingested log shows: hit-rate drops per instance (stats lines),
+    request spikes and key drift per window (counts), each kind with its own cooldown."""
+    cooldown = Cooldown(cooldown_s)
+    events: list[TriggerEvent] = []
+    per_instance: dict[str, HitRateDropDetector] = {}
+    for sample in sorted(samples_from_stats(metrics), key=lambda s: s.ts):
+        # vLLM's stats-line rate is over its last 1,000 requests, so a cache gone cold shows as
+        # a slide, not a step: a smaller drop against a slower baseline catches it.
+        detector = per_instance.setdefault(
+            sample.engine, HitRateDropDetector(drop=0.25, alpha=0.05)
+        )
+        event = cooldown.allow(detector.observe(sample))
+        events.extend([event] if event else [])
+    spikes = SpikeDetector()
+    for window_start, count in window_requests(counts).items():
+        ts = pd.Timestamp(window_start).timestamp()
+        event = cooldown.allow(spikes.observe(engine, ts, float(count)))
+        events.extend([event] if event else [])
+    events.extend(drift_events(counts, "prefix", engine, cooldown=cooldown))
+    return sorted(events, key=lambda e: e.ts)

@@ -20,8 +20,10 @@ TASK_MODULES = [
     "tasks.health",
     "tasks.events",
     "tasks.engine_watch",
+    "tasks.signals",
     "tasks.warm",
     "tasks.ingest",
+    "tasks.model_tasks",
 ]
 
 

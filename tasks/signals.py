@@ -1,0 +1,100 @@
+"""After an ingest: template hotness from the records, and cold-cache signals from the log.
+
+``prewarm.events.after_ingest(ingest_dir)`` reads what ``prewarm ingest --out DIR`` wrote
+(``records.parquet``, ``windows.parquet``, ``metrics.parquet``), stores request counts per
+template for every configured repository, and turns the recent trigger events of the log
+(hit-rate drops from the stats lines, request spikes, key drift) into warm-ups. Events older
+than ``recent_s`` before the end of the log are history, reported but not acted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import redis
+from celery import shared_task
+
+from pipeline.errors import BadInputError, TransientError
+from pipeline.triggers import TriggerEvent, log_signals
+from tasks.engine_watch import cooldown_allows, queue_warm_engine
+from tasks.events import store_client, update_hotness
+from tasks.settings import Settings, current_settings
+
+FLEET = "fleet"
+TRIGGER_COOLDOWN_S = 300.0
+Enqueue = Callable[[str, str], str]
+
+
+def _frame(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        raise BadInputError("missing (not an ingest output directory?)", where=str(path))
+    return pd.read_parquet(path)
+
+
+def _targets(settings: Settings, event: TriggerEvent) -> list[str]:
+    # Counts-based events describe the whole fleet. A stats-line event names the log's
+    # instance, ``<file>/<engine tag>``: a log file named after its engine (``<engine>.log``)
+    # ties the event to that engine.
+    names = [engine.name for engine in settings.engines]
+    if event.engine == FLEET:
+        return names
+    first = event.engine.split("/")[0]
+    aliases = {event.engine, first, Path(first).stem}
+    return [name for name in names if name in aliases]
+
+
+def act_on(
+    settings: Settings, store: redis.Redis, events: list[TriggerEvent], enqueue: Enqueue
+) -> list[dict[str, Any]]:
+    """Queue a warm-up per engine an event names, past each (kind, engine) cooldown."""
+    acted = []
+    for event in events:
+        for name in _targets(settings, event):
+            local = TriggerEvent(event.kind, name, event.ts, event.detail)
+            if cooldown_allows(store, local, TRIGGER_COOLDOWN_S):
+                acted.append({**local.to_dict(), "task_id": enqueue(name, event.kind)})
+    return acted
+
+
+def _hotness(settings: Settings, store: redis.Redis, records: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for repo in settings.template_repos:
+        try:
+            out[repo.name] = update_hotness(settings, store, repo.name, records)["matched"]
+        except (TransientError, BadInputError) as exc:  # one bad repository must not stop the rest
+            out[repo.name] = f"skipped: {exc}"
+    return out
+
+
+def process_ingest(
+    settings: Settings,
+    store: redis.Redis,
+    ingest_dir: Path,
+    recent_s: float | None = None,
+    enqueue: Enqueue = queue_warm_engine,
+) -> dict[str, Any]:
+    """Hotness per template, then the log's recent trigger events acted upon."""
+    counts = _frame(ingest_dir / "windows.parquet")
+    metrics = _frame(ingest_dir / "metrics.parquet")
+    events = log_signals(metrics.to_dict("records"), counts, FLEET)
+    recent_s = float(settings.schedule.window_s) if recent_s is None else recent_s
+    end = max((e.ts for e in events), default=0.0)
+    for frame, column in ((counts, "window_start"), (metrics, "ts")):
+        if column in frame and len(frame):
+            end = max(end, pd.Timestamp(frame[column].max()).timestamp())
+    recent = [e for e in events if e.ts >= end - recent_s]
+    return {
+        "hotness": _hotness(settings, store, ingest_dir / "records.parquet"),
+        "events": [e.to_dict() for e in events],
+        "acted": act_on(settings, store, recent, enqueue),
+    }
+
+
+@shared_task(name="prewarm.events.after_ingest", acks_late=True)
+def after_ingest(ingest_dir: str) -> dict[str, Any]:
+    """Template hotness and cold-cache signals from one ingest output directory."""
+    settings = current_settings()
+    return process_ingest(settings, store_client(settings), Path(ingest_dir))
