@@ -1,0 +1,152 @@
+"""Property tests: garbage thrown at every parser never crashes it and never goes uncounted."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.lines import LineReader
+from pipeline.ingest.reprs import (
+    decode_rust_str,
+    generate_parameters,
+    parse_key_values,
+    python_str_at,
+    split_top_level,
+)
+from pipeline.ingest.summary import Rejects
+from pipeline.ingest.tgi import TgiChunkParser, parse_spans, span_fields
+from pipeline.ingest.traces import azure_rows, jsonl_rows, mooncake_rows, servegen_rows
+from pipeline.ingest.vllm import VllmChunkParser
+from tests.conftest import SHARED_DATA
+
+EXAMPLES = SHARED_DATA / "logs" / "examples"
+REAL_LINES = [
+    line
+    for path in sorted(EXAMPLES.iterdir())
+    for line in path.read_text(encoding="utf-8").splitlines()
+    if line
+]
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _mutated() -> st.SearchStrategy[str]:
+    """Real lines cut, spliced or sprinkled with hostile characters."""
+    line = st.sampled_from(REAL_LINES)
+    cut = st.tuples(line, st.integers(0, 3000)).map(lambda t: t[0][: t[1]])
+    splice = st.tuples(line, line, st.integers(0, 2000)).map(lambda t: t[0][: t[2]] + t[1][t[2] :])
+    noise = st.tuples(
+        line, st.integers(0, 2000), st.text(alphabet="'\"\\()[]{},:= \x1b\r\x00é", max_size=8)
+    )
+    sprinkle = noise.map(lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :])
+    return st.one_of(cut, splice, sprinkle, st.text(max_size=300))
+
+
+def _accounted(result: ChunkResult, lines: int) -> int:
+    return result.rejects.total + sum(result.ignored.values())
+
+
+@FAST
+@given(st.lists(_mutated(), max_size=30))
+def test_vllm_parser_survives_garbage(lines):
+    result = ChunkResult("x.log", "vllm")
+    result.rejects = Rejects("x.log")
+    parser = VllmChunkParser(result, 4, "x.log")
+    parser.feed(1, lines)
+    parser.finish()
+    assert _accounted(result, len(lines)) <= len(lines)
+    for head in result.heads:
+        assert head["ts"] is None or len(head["ts"]) == 14
+
+
+@FAST
+@given(st.lists(_mutated(), max_size=30), st.booleans())
+def test_tgi_parsers_survive_garbage(lines, json_lines):
+    result = ChunkResult("x.log", "tgi-json" if json_lines else "tgi-text")
+    result.rejects = Rejects("x.log")
+    parser = TgiChunkParser(result, 4, json_lines)
+    parser.feed(1, lines)
+    parser.finish()
+    assert result.rejects.total <= len(lines)
+
+
+@FAST
+@given(st.text(max_size=400))
+def test_python_repr_strings_round_trip(text):
+    literal = repr(text)
+    found = python_str_at(literal + ", params: x", 0)
+    assert found == (text, len(literal))
+
+
+def _rust_debug(text: str) -> str:
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char in "\n\t\r\0":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{{{ord(char):x}}}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+@FAST
+@given(st.text(max_size=300))
+def test_rust_debug_strings_round_trip(text):
+    assert decode_rust_str(_rust_debug(text)) == text
+
+
+@FAST
+@given(st.text(max_size=300))
+def test_splitters_and_scanners_never_raise(text):
+    split_top_level(text)
+    parse_key_values(text)
+    generate_parameters(text)
+    span_fields(text)
+    _spans, pos = parse_spans(text)
+    assert 0 <= pos <= len(text)
+
+
+@FAST
+@given(st.binary(max_size=3000), st.integers(1024, 4096))
+def test_line_reader_loses_nothing_within_the_cap(data, cap):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "x.log"
+        path.write_bytes(data)
+        rejects = Rejects(str(path))
+        reader = LineReader(path, rejects, max_line_bytes=cap)
+        lines = [line for _, block in reader for line in block]
+    raw = data.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    kept = [r.decode("utf-8", "replace") for r in raw if len(r) <= cap]
+    assert lines == kept
+    assert rejects.counts["line too long"] == len(raw) - len(kept)
+    assert reader.lines == len(raw)
+
+
+@FAST
+@given(st.lists(st.one_of(st.text(max_size=80), st.builds(json.dumps, st.dictionaries(
+    st.sampled_from(["ts", "timestamp", "input_length", "output_length", "hash_ids",
+                     "prompt", "token_ids", "prefix_hashes"]),
+    st.one_of(st.integers(-5, 10**20), st.floats(), st.text(max_size=10), st.none(),
+              st.lists(st.integers(-3, 3), max_size=5), st.booleans()),
+))), max_size=20))  # fmt: skip
+def test_trace_readers_count_every_bad_row(lines):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "chunk-3-trace.csv"
+        path.write_text("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+        nonblank = sum(1 for line in lines if line.replace("\n", " ").strip())
+        for read in (mooncake_rows, jsonl_rows, azure_rows, servegen_rows):
+            rejects = Rejects(str(path))
+            rows = read(path, rejects)  # type: ignore[operator]
+            if read in (mooncake_rows, jsonl_rows):  # no line is skipped on purpose
+                assert len(rows) + rejects.total == nonblank
+            else:  # a CSV header and idle ServeGen windows are skipped, not rejected
+                assert len(rows) + rejects.total <= nonblank
