@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED_DATA
 from tests.integration.processes import free_port, prewarm_script
 
 pytestmark = pytest.mark.integration
@@ -80,3 +81,30 @@ def test_unreachable_engine_url_is_one_line():
 
 def test_unknown_queue_is_one_line():
     assert_one_line(prewarm("worker", "--queues", "warm,nope"), "--queues", "nope")
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory) -> Path:
+    """An ingest output folder made from a real-format vLLM log, as a user would make it."""
+    out = tmp_path_factory.mktemp("ingest")
+    log = SHARED_DATA / "logs" / "examples" / "vllm-main-2026-08.txt"
+    assert prewarm("ingest", str(log), "--out", str(out)).returncode == 0
+    return out
+
+
+def test_planning_for_an_unknown_engine_is_one_line(ingested, tmp_path):
+    config = tmp_path / "prewarm.toml"
+    config.write_text('[[engines]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodel = "m"\n')
+    result = prewarm("-c", str(config), "plan", "--from", str(ingested), "--engine", "b")
+    assert_one_line(result, "unknown engine 'b'")
+
+
+def test_warming_without_redis_is_one_line(ingested, tmp_path):
+    config = tmp_path / "prewarm.toml"
+    config.write_text('[[engines]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodel = "m"\n')
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = prewarm(
+        "-c", str(config), "warm", "--from", str(ingested), "--engine", "a",
+        env={"PREWARM_REDIS_URL": url},
+    )  # fmt: skip
+    assert_one_line(result, "cannot reach", url)
