@@ -14,10 +14,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def api_url(broker_url, store_url, tmp_path):
+def api_url(store_url, tmp_path):
+    """``prewarm api`` with the flushed store database as its broker: no worker consumes there,
+    so the test can fill a queue without feeding garbage to a session worker."""
     port = free_port()
+    env = worker_env({"PREWARM_REDIS_URL": store_url})
     proc = subprocess.Popen(
-        [prewarm_script(), "api", "--port", str(port)], env=worker_env(), cwd=tmp_path,
+        [prewarm_script(), "api", "--port", str(port)], env=env, cwd=tmp_path,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -36,14 +39,9 @@ def test_health_answers_ok_when_redis_answers(api_url):
     assert body["status"] == "ok" and body["redis"]["broker"] == "ok"
 
 
-def test_metrics_expose_queue_depths_and_redis_state(api_url, broker_url):
-    import redis
-
-    redis.Redis.from_url(broker_url).rpush("warm", "x", "y")
-    try:
-        text = httpx.get(f"{api_url}/metrics").text
-    finally:
-        redis.Redis.from_url(broker_url).delete("warm")
+def test_metrics_expose_queue_depths_and_redis_state(api_url, store):
+    store.rpush("warm", "x", "y")
+    text = httpx.get(f"{api_url}/metrics").text
     assert 'prewarm_queue_length{queue="warm"} 2.0' in text
     assert 'prewarm_redis_up{role="broker"} 1.0' in text
 
