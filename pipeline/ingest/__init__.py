@@ -10,8 +10,9 @@ each file's format (or takes ``options.format``), and returns an :class:`IngestR
   ``preemptions``, ``kv_usage``, ``cpu_kv_usage``, ``prefix_cache_hit_rate``,
   ``cpu_prefix_cache_hit_rate``, ``external_prefix_cache_hit_rate``, ``mm_cache_hit_rate``
   (usages and rates as fractions 0..1; missing where the line has no such part);
-* ``windows`` — item × window counts with lag / rolling features (:mod:`pipeline.windows`),
-  or ``None`` when nothing was counted;
+* ``windows`` — item × window counts with lag / rolling features (:mod:`pipeline.windows`)
+  for items with at least ``options.min_item_requests`` requests, or ``None``;
+* ``counts`` — every item × window count (the counts shape);
 * ``summary`` — one :class:`FileSummary` per file: format, records, lines, rejected lines by
   reason with ``file:line`` samples, ignored lines by kind, assumptions made.
 
@@ -55,6 +56,8 @@ class IngestResult:
     metrics: pd.DataFrame
     windows: pd.DataFrame | None
     summary: list[FileSummary] = field(default_factory=list)
+    #: every item × window count (the counts shape), rare items included
+    counts: pd.DataFrame | None = None
 
     def summary_dict(self) -> dict[str, Any]:
         """JSON-ready summary: totals and one entry per file."""
@@ -82,12 +85,13 @@ def metrics_result(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).sort_values("ts", kind="stable", ignore_index=True)
 
 
-def windows_result(counts: list[pd.DataFrame], window: str) -> pd.DataFrame | None:
-    """Counts of every chunk summed, with features; ``None`` when nothing was counted."""
-    combined = combine_counts(counts)
-    if combined.empty:
+def windows_result(
+    counts: pd.DataFrame, window: str, min_item_requests: int = 1
+) -> pd.DataFrame | None:
+    """Features of summed counts; ``None`` when nothing was counted."""
+    if counts.empty:
         return None
-    return window_features(combined, window=window)
+    return window_features(counts, window=window, min_total_requests=min_item_requests)
 
 
 def ingest_paths(
@@ -102,12 +106,9 @@ def ingest_paths(
     summaries = run_ingest(paths, options, sink, state, progress)
     records = pd.concat(sink.records, ignore_index=True) if sink.records else records_frame([])
     records = records.sort_values("ts", kind="stable", ignore_index=True)
-    return IngestResult(
-        records,
-        metrics_result(sink.metrics),
-        windows_result(sink.counts, options.window),
-        summaries,
-    )
+    counts = combine_counts(sink.counts)
+    windows = windows_result(counts, options.window, options.min_item_requests)
+    return IngestResult(records, metrics_result(sink.metrics), windows, summaries, counts)
 
 
 def ingest_to_dir(
@@ -118,7 +119,9 @@ def ingest_to_dir(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Ingest into ``out_dir``: ``records.parquet`` (streamed, one chunk in memory at a time),
-    ``windows.parquet`` (counts + features), ``metrics.parquet``; return the summary dict."""
+    ``windows.parquet`` (counts + features of items with at least
+    ``options.min_item_requests`` requests), ``counts.parquet`` (every item's counts) and
+    ``metrics.parquet``; return the summary dict."""
     options = options or IngestOptions()
     out = Path(out_dir)
     sink = ParquetSink(options.window, out)
@@ -128,7 +131,11 @@ def ingest_to_dir(
         sink.close()
     metrics = metrics_result(sink.metrics)
     metrics.to_parquet(out / "metrics.parquet", index=False)
-    windows = windows_result(sink.counts, options.window)
+    counts = combine_counts(sink.counts)
+    sink.counts.clear()
+    counts.to_parquet(out / "counts.parquet", index=False)
+    windows = windows_result(counts, options.window, options.min_item_requests)
+    del counts
     (windows if windows is not None else empty_counts()).to_parquet(
         out / "windows.parquet", index=False
     )

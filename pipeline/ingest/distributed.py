@@ -21,7 +21,7 @@ from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
 from pipeline.ingest.detect import detect_format
 from pipeline.ingest.parse import ChunkSpec, plan_chunks
 from pipeline.ingest.run import ChunkJob, FileAssembly, FilePlan, run_chunk
-from pipeline.ingest.sinks import ParquetSink
+from pipeline.ingest.sinks import ParquetSink, combine_counts
 from pipeline.ingest.state import identify
 from pipeline.windows import empty_counts
 
@@ -98,7 +98,9 @@ def assemble_file(
     finally:
         sink.close()
     metrics_result(sink.metrics).to_parquet(out / "metrics.parquet", index=False)
-    windows = windows_result(sink.counts, options.window)
+    counts = combine_counts(sink.counts)
+    counts.to_parquet(out / "counts.parquet", index=False)
+    windows = windows_result(counts, options.window, options.min_item_requests)
     (windows if windows is not None else empty_counts()).to_parquet(
         out / "windows.parquet", index=False
     )

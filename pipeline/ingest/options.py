@@ -30,6 +30,9 @@ class IngestOptions:
     records, which do not carry them. ``workers``: processes for chunks of large files (1 =
     in this process). ``trace_epoch``: start time of relative-time traces (Mooncake,
     ServeGen), ISO text; default :data:`pipeline.ingest.traces.TRACE_EPOCH`.
+    ``min_item_requests``: items with fewer requests in all get no feature rows (their counts
+    are kept): an item seen once would cost ``max(lags)`` zero rows, and a 1 GB log holds
+    millions of such prompt-tail blocks.
     """
 
     year: int | None = None
@@ -44,6 +47,7 @@ class IngestOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     trace_epoch: str | None = None
+    min_item_requests: int = 2
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

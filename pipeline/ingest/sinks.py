@@ -25,6 +25,8 @@ _ARROW = {
     "Float64": pa.float64(),
     "object": pa.list_(pa.string()),
 }
+#: chunks' counts are summed every this many chunks (a window spans chunks; sums are exact)
+COMBINE_EVERY = 4
 RECORDS_SCHEMA = pa.schema([(c, _ARROW[t]) for c, t in RECORD_DTYPES.items()])
 
 
@@ -77,7 +79,7 @@ class MemorySink:
         """One finished chunk of records (canonical columns)."""
         if not frame.empty:
             self.records.append(frame)
-            self.counts.append(item_window_counts(frame, self.window))
+            self.add_counts(item_window_counts(frame, self.window))
 
     def add_metrics(self, frame: pd.DataFrame) -> None:
         """One finished chunk of engine metrics."""
@@ -85,9 +87,11 @@ class MemorySink:
             self.metrics.append(frame)
 
     def add_counts(self, frame: pd.DataFrame) -> None:
-        """Counts that come as such (ServeGen series)."""
+        """Counts of one chunk (or counts that come as such: ServeGen series)."""
         if not frame.empty:
             self.counts.append(frame)
+        if len(self.counts) >= COMBINE_EVERY:  # keep one summed frame, not one per chunk
+            self.counts = [combine_counts(self.counts)]
 
 
 class ParquetSink(MemorySink):
@@ -106,7 +110,7 @@ class ParquetSink(MemorySink):
             return
         self.writer.write_table(records_table(frame))
         self.rows += len(frame)
-        self.counts.append(item_window_counts(frame, self.window))
+        self.add_counts(item_window_counts(frame, self.window))
 
     def close(self) -> None:
         """Finish the Parquet file (an empty run still leaves a valid, empty file)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     as_float,
     as_int,
@@ -34,7 +35,6 @@ from pipeline.ingest.reprs import (
     seed_int64,
 )
 from pipeline.ingest.vllm import ANSI
-from pipeline.prefix import block_hashes
 
 EVENT_START = re.compile(
     r"(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) +(?P<level>TRACE|DEBUG|INFO|WARN|ERROR) "
@@ -200,6 +200,7 @@ class TgiChunkParser:
         self.current: TgiEvent | None = None
         self.inputs: dict[tuple[str, str | None], deque[str]] = {}
         self._params_cache: dict[str, dict[str, Any]] = {}
+        self._hasher = PrefixHasher(block_size)
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
         """Parse a block of lines numbered from ``first_line``."""
@@ -386,7 +387,7 @@ class TgiChunkParser:
         )
         record["prompt"] = prompt
         record["prompt_truncated"] = cut
-        hashes = block_hashes(prompt, self.block_size)
+        hashes = self._hasher.hashes(prompt)
         record["prefix_hashes"] = hashes[:-1] if cut else hashes
 
     def finish(self) -> ChunkResult:

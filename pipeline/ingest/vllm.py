@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     as_float,
     as_int,
@@ -24,7 +25,7 @@ from pipeline.ingest.reprs import (
     python_str_at,
     seed_int64,
 )
-from pipeline.prefix import block_hashes, block_hashes_from_ids
+from pipeline.prefix import block_hashes_from_ids
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAG = re.compile(r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\) ")
@@ -112,6 +113,7 @@ class VllmChunkParser:
         self.last_month = 0
         self.line_no = 0
         self._hash_cache: dict[str, list[str]] = {}
+        self._hasher = PrefixHasher(block_size)
         # requests of one client share their sampling parameters: parse each text once
         self._params_cache: dict[str, dict[str, Any]] = {}
 
@@ -279,7 +281,7 @@ class VllmChunkParser:
             return
         hashes = self._hash_cache.get(prompt)
         if hashes is None:
-            hashes = block_hashes(prompt, self.block_size)
+            hashes = self._hasher.hashes(prompt)
             if len(self._hash_cache) >= _HASH_CACHE_SIZE:
                 self._hash_cache.clear()
             self._hash_cache[prompt] = hashes

@@ -6,7 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline.ingest.chunk import ChunkResult
@@ -116,6 +116,7 @@ def test_splitters_and_scanners_never_raise(text):
 @FAST
 @given(st.binary(max_size=3000), st.integers(1024, 4096))
 def test_line_reader_loses_nothing_within_the_cap(data, cap):
+    assume(not data.startswith(b"\x1f\x8b"))  # gzip magic: read as (corrupt) gzip, counted
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "x.log"
         path.write_bytes(data)
