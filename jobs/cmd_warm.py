@@ -124,7 +124,15 @@ def warm(
     engine: EngineOpt = None,
     budget_items: Annotated[int | None, Opt(min=1)] = None,
     budget_tokens: Annotated[int | None, Opt(min=1)] = None,
-    ordered: Annotated[bool, Opt(help="Batches one after another (LRU order matters).")] = False,
+    ordered: Annotated[
+        bool | None,
+        Opt(
+            "--ordered/--parallel",
+            help="Batches one after another (default: when the plan "
+            "has a token budget, since an LRU keeps what was primed last).",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[bool, Opt(help="Follow progress until the plan is done.")] = True,
     timeout_s: Annotated[float, Opt(min=1)] = 600.0,
     queue: Annotated[str | None, Opt(help="Queue of a dedicated warm-up pool.")] = None,
@@ -143,6 +151,8 @@ def warm(
         raise BadInputError("give --plan FILE or --from DIR --engine NAME", where="prewarm warm")
     settings = current_settings()
     name = _engine_name(settings, engine or warm_plan.engine)
+    if ordered is None:
+        ordered = warm_plan.budget.max_tokens is not None
     options = WarmOptions(batch_size=warm_plan.budget.batch_size, ordered=ordered)
     plan_id = submit_plan(replace(warm_plan, engine=name), name, options=options, queue=queue)
     console.print(f"submitted plan {plan_id}: {len(warm_plan.items)} items", highlight=False)

@@ -46,6 +46,11 @@ _NEXT: dict[TxnState, frozenset[TxnState]] = {
 }
 
 
+def sources(target: TxnState) -> list[TxnState]:
+    """States from which ``target`` may be entered (itself included: repeating is a no-op)."""
+    return [target, *(state for state, nexts in _NEXT.items() if target in nexts)]
+
+
 def can_move(current: TxnState, target: TxnState) -> bool:
     """Whether ``current -> target`` is a legal step (staying in place is legal and a no-op)."""
     return current == target or target in _NEXT[current]

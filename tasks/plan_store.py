@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from pipeline.errors import BadInputError
-from pipeline.plan import WarmPlan
+from pipeline.plan import WarmItem, WarmPlan
 from tasks.targets.base import WarmOptions
 from tasks.wal_store import as_text
 
@@ -51,6 +51,10 @@ class PlanStore:
         }
         with self.r.pipeline() as pipe:
             pipe.set(_k(plan.plan_id), plan.to_json(), ex=PLAN_TTL_S)
+            # Each batch's items on their own, so a batch task reads only its share.
+            for n, items in enumerate(plan.batches(options.batch_size)):
+                body = json.dumps([item.to_dict() for item in items], ensure_ascii=False)
+                pipe.set(_k(plan.plan_id, f"b:{n}"), body, ex=PLAN_TTL_S)
             pipe.set(_k(plan.plan_id, "opts"), json.dumps(asdict(options)), ex=PLAN_TTL_S)
             pipe.hset(_k(plan.plan_id, "meta"), mapping={k: str(v) for k, v in meta.items()})
             pipe.expire(_k(plan.plan_id, "meta"), PLAN_TTL_S)
@@ -67,6 +71,22 @@ class PlanStore:
             )
         options = WarmOptions.from_dict(json.loads(opts) if opts else None)
         return WarmPlan.from_json(raw, where=f"plan {plan_id}"), options, as_text(engine)
+
+    def load_batch(self, plan_id: str, batch: int) -> tuple[list[WarmItem], WarmOptions, str]:
+        """One batch's items, the plan's options and engine, in one round trip."""
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.mget(_k(plan_id, f"b:{batch}"), _k(plan_id, "opts"))
+            pipe.hget(_k(plan_id, "meta"), "engine")
+            (raw, opts), engine = pipe.execute()
+        where = f"plan {plan_id} batch {batch}"
+        if raw is None or engine is None:
+            raise BadInputError("no such plan batch (expired or never submitted)", where=where)
+        items = [
+            WarmItem.from_dict(d, where=f"{where}: items[{i}]")
+            for i, d in enumerate(json.loads(raw))
+        ]
+        options = WarmOptions.from_dict(json.loads(opts) if opts else None)
+        return items, options, as_text(engine)
 
     def result(self, plan_id: str, batch: int) -> dict[str, Any] | None:
         raw = self.r.hget(_k(plan_id, "done"), str(batch))

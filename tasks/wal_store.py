@@ -33,10 +33,24 @@ from pipeline.wal import (
     is_orphaned,
     redis_before_image,
     rollback_order,
+    sources,
 )
 
 PREFIX = "pw:wal:"
 ACTIVE = PREFIX + "active"
+# Fenced writes as Lua: atomic like MULTI/EXEC, one round trip instead of four or five.
+_MOVE = """
+if redis.call('hget', KEYS[1], 'owner') ~= ARGV[1] then return -1 end
+local current = redis.call('hget', KEYS[1], 'state')
+for i = 3, #ARGV do
+  if current == ARGV[i] then redis.call('hset', KEYS[1], 'state', ARGV[2]) return 1 end
+end
+return -2
+"""
+_RECORD = """
+if redis.call('hget', KEYS[1], 'owner') ~= ARGV[1] then return -1 end
+return redis.call('rpush', KEYS[2], unpack(ARGV, 2))
+"""
 _RENEW = """
 if redis.call('hget', KEYS[1], 'owner') == ARGV[1] then
   redis.call('zadd', KEYS[2], 'XX', ARGV[2], ARGV[3]) return 1 end
@@ -82,6 +96,8 @@ class WalStore:
         self.r = client
         self.lease_s = lease_s
         self._renew = client.register_script(_RENEW)
+        self._move = client.register_script(_MOVE)
+        self._record = client.register_script(_RECORD)
 
     # -- lifecycle -------------------------------------------------------------------------
     def begin(self, plan_id: str, batch: int, engine: str, owner: str | None = None) -> Transaction:
@@ -112,14 +128,12 @@ class WalStore:
 
     def move(self, txn_id: str, owner: str, target: TxnState) -> None:
         """Step the state machine, fenced by ownership; illegal steps raise."""
-
-        def step(pipe: redis.client.Pipeline) -> None:
-            self._check_owner(pipe, txn_id, owner)
-            check_move(txn_id, self._state_of(pipe, txn_id), target)
-            pipe.multi()
-            pipe.hset(txn_key(txn_id), "state", target.value)
-
-        self.r.transaction(step, txn_key(txn_id))
+        allowed = [state.value for state in sources(target)]
+        done = self._move(keys=[txn_key(txn_id)], args=[owner, target.value, *allowed])
+        if done == -1:
+            raise LeaseLost(f"transaction {txn_id} is no longer owned by {owner}")
+        if done == -2:
+            check_move(txn_id, self.state(txn_id) or TxnState.BEGIN, target)
 
     def _state_of(self, pipe: redis.client.Pipeline, txn_id: str) -> TxnState:
         raw = pipe.hget(txn_key(txn_id), "state")
@@ -136,25 +150,26 @@ class WalStore:
     def next_seq(self, txn_id: str) -> int:
         return int(self.r.llen(fx_key(txn_id)))
 
-    def record(self, txn_id: str, owner: str, effects: Sequence[Effect]) -> None:
-        """Append effect records (engine effects) before the effects happen."""
+    def record(self, txn_id: str, owner: str, effects: Sequence[Effect]) -> int:
+        """Append effect records (engine effects) before the effects happen; returns the
+        number of records the transaction has now."""
         if not effects:
-            return
-
-        def append(pipe: redis.client.Pipeline) -> None:
-            self._check_owner(pipe, txn_id, owner)
-            pipe.multi()
-            pipe.rpush(fx_key(txn_id), *[e.to_json() for e in effects])
-
-        self.r.transaction(append, txn_key(txn_id))
+            return self.next_seq(txn_id)
+        args = [owner, *(e.to_json() for e in effects)]
+        count = int(self._record(keys=[txn_key(txn_id), fx_key(txn_id)], args=args))
+        if count == -1:
+            raise LeaseLost(f"transaction {txn_id} is no longer owned by {owner}")
+        return count
 
     def apply_redis(
         self, txn_id: str, owner: str, writes: Sequence[RedisWrite], op: str = "set"
-    ) -> None:
-        """Before-images, effect records and the writes themselves, in one ``MULTI``."""
+    ) -> int:
+        """Before-images, effect records and the writes themselves, in one ``MULTI``; returns
+        the number of records the transaction has now."""
         if not writes:
-            return
+            return self.next_seq(txn_id)
         keys = [w.key for w in writes]
+        count = [0]
 
         def apply(pipe: redis.client.Pipeline) -> None:
             self._check_owner(pipe, txn_id, owner)
@@ -168,8 +183,10 @@ class WalStore:
             pipe.rpush(fx_key(txn_id), *[r.to_json() for r in records])
             for w in writes:
                 _write(pipe, w.key, w.value, w.ttl_s)
+            count[0] = seq + len(records)
 
         self.r.transaction(apply, txn_key(txn_id), *keys)
+        return count[0]
 
     def effects(self, txn_id: str) -> list[Effect]:
         return [Effect.from_json(raw) for raw in self.r.lrange(fx_key(txn_id), 0, -1)]
@@ -200,9 +217,13 @@ class WalStore:
         restore = set(restore_keys)
 
         def end(pipe: redis.client.Pipeline) -> None:
-            self._check_owner(pipe, txn_id, owner)
-            check_move(txn_id, self._state_of(pipe, txn_id), state)
-            effects = [Effect.from_json(raw) for raw in pipe.lrange(fx_key(txn_id), 0, -1)]
+            current_owner, current = pipe.hmget(txn_key(txn_id), ["owner", "state"])
+            if current_owner is None or as_text(current_owner) != owner:
+                raise LeaseLost(f"transaction {txn_id} is no longer owned by {owner}")
+            check_move(txn_id, TxnState(as_text(current)), state)
+            effects = []
+            if restore or state == TxnState.ROLLED_BACK:  # a clean commit restores nothing
+                effects = [Effect.from_json(raw) for raw in pipe.lrange(fx_key(txn_id), 0, -1)]
             pipe.multi()
             for effect in rollback_order(effects):
                 if effect.target == "redis" and (

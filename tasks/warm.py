@@ -6,7 +6,8 @@ The entry points other parts call::
                 options: WarmOptions | None = None, settings: Settings | None = None,
                 queue: str | None = None) -> str
         Store the plan in Redis and send its batches as a Celery chord (``options.ordered``:
-        a chain, batch after batch, so an engine's LRU ends with the plan's last items).
+        a chain, batch after batch, so an engine's LRU ends with the plan's last items; the
+        default options order plans that have a token budget).
         Returns the plan id. ``engine_name`` defaults to ``plan.engine``; it must be configured.
 
     plan_report(plan_id: str, *, settings: Settings | None = None) -> dict
@@ -76,7 +77,9 @@ def submit_plan(
 
     settings = settings or current_settings()
     engine = settings.engine(engine_name or plan.engine).name
-    options = options or WarmOptions(batch_size=plan.budget.batch_size)
+    # A plan cut to the cache's capacity runs batch after batch: its order is its LRU order.
+    ordered = plan.budget.max_tokens is not None
+    options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
     batches = _plans(settings).save(plan, engine, options)
     route = {"queue": queue} if queue else {}
     sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True, **route)

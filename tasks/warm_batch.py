@@ -120,8 +120,7 @@ class BatchRunner:
         done = self.plans.result(plan_id, batch)
         if done is not None:
             return {**done, "duplicate": True}
-        plan, options, engine_name = self.plans.load(plan_id)
-        items = plan.batches(options.batch_size)[batch]
+        items, options, engine_name = self.plans.load_batch(plan_id, batch)
         engine = self.settings.engine(engine_name)
         owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._claim(plan_id, batch, owner)

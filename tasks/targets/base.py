@@ -73,6 +73,7 @@ class BatchContext:
     owner: str = ""
     adapter_paths: dict[str, str] = field(default_factory=dict)
     requests_at_start: int = 0
+    seq: int = 0
 
     @property
     def group_size(self) -> int:
@@ -84,15 +85,16 @@ class BatchContext:
     def record(self, effects: Sequence[Effect]) -> None:
         """Write engine-effect records before the effects (no-op without a WAL)."""
         if self.wal is not None:
-            self.wal.record(self.txn_id, self.owner, effects)
+            self.seq = self.wal.record(self.txn_id, self.owner, effects)
 
     def next_seq(self) -> int:
-        return self.wal.next_seq(self.txn_id) if self.wal is not None else 0
+        """Sequence number of the next effect record (this worker is the only writer)."""
+        return self.seq
 
     def apply_redis(self, writes: Sequence[RedisWrite]) -> None:
         """Before-images + records + writes in one MULTI (plain writes without a WAL)."""
         if self.wal is not None:
-            self.wal.apply_redis(self.txn_id, self.owner, writes)
+            self.seq = self.wal.apply_redis(self.txn_id, self.owner, writes)
             return
         with self.store.pipeline() as pipe:
             for w in writes:

@@ -102,3 +102,22 @@ def test_a_redelivered_task_does_no_work_twice(sim, warm_worker, warm_settings, 
     assert engine_prompt_tokens(sim) == served
     assert plan_report(plan_id, settings=warm_settings)["batches_done"] == 1
     time.sleep(0)  # keep the worker's log readable on failure
+
+
+def test_a_plan_with_a_token_budget_runs_batch_after_batch(
+    sim, warm_worker, warm_settings, warm_queue, store
+):
+    items = [prefix_item(n, "ordered") for n in range(8)]
+    plan = plan_of(items, batch_size=2)
+    plan = plan.__class__(plan.plan_id, plan.engine, plan.items,
+                          plan.budget.__class__(batch_size=2, max_tokens=10_000))  # fmt: skip
+    sim.engine.config.faults.delay_s = 0.02  # long enough that parallel batches would overlap
+    try:
+        plan_id = submit_plan(plan, settings=warm_settings, queue=warm_queue)
+        assert wait_plan(plan_id, 60, settings=warm_settings)["committed"] == 4
+    finally:
+        sim.engine.config.faults.delay_s = 0.0
+    txns = [r["txn"] for r in batch_results(plan_id, settings=warm_settings)]
+    spans = [(float(store.hget(f"pw:wal:txn:{t}", "created")),
+              float(store.hget(f"pw:wal:txn:{t}", "ended"))) for t in txns]  # fmt: skip
+    assert all(spans[n + 1][0] >= spans[n][1] for n in range(3)), spans

@@ -74,6 +74,6 @@ def test_chat_records_keep_their_system_messages():
 def test_rendered_chat_prompts_skip_the_second_bos():
     prompts = ["<s>[SYS] " + SYSTEM + f"[USER] q{n} " * 3 for n in range(3)]
     frame = _records(prompts)
-    frame["endpoint"] = "chat"
+    frame["endpoint"] = "/v1/chat/completions"  # as vLLM's request ids name it
     item = prefix_items(detect_prefixes(frame))[0]
     assert item.endpoint == "completions" and item.params == {"add_special_tokens": False}
