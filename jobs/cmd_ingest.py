@@ -1,9 +1,9 @@
 """``prewarm ingest``: logs and traces -> records, windows and engine metrics as Parquet.
 
 ``prewarm ingest PATH... --out DIR`` writes ``DIR/records.parquet`` (canonical RequestRecord
-columns), ``DIR/windows.parquet`` (item × window counts with lag/rolling features) and
-``DIR/metrics.parquet`` (vLLM stats lines), then prints a summary per file (``--json``: the
-summary as one JSON object). ``--state FILE`` makes runs incremental: each file is read from
+columns), ``DIR/windows.parquet`` (item × window counts with lag/rolling features),
+``DIR/counts.parquet`` (every item's counts) and ``DIR/metrics.parquet`` (vLLM stats lines),
+then prints a summary per file (``--json``: the summary as one JSON object). ``--state FILE`` makes runs incremental: each file is read from
 where the previous run stopped.
 """
 
@@ -75,6 +75,9 @@ def ingest(
     window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "10min",
     max_log_len: Annotated[int | None, typer.Option(help="vLLM --max-log-len, when known.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name for log records.")] = None,
+    min_item_requests: Annotated[
+        int, typer.Option(help="Items with fewer requests get no feature rows.")
+    ] = 2,
     workers: Annotated[int, typer.Option(help="Parallel processes.")] = 0,
     state: Annotated[
         Path | None, typer.Option(help="State file: read only what is new since the last run.")
@@ -85,6 +88,7 @@ def ingest(
     options = IngestOptions(
         year=year, tz=tz, block_size=block_size, format=fmt, window=window,
         max_log_len=max_log_len, model=model, workers=workers or _default_workers(),
+        min_item_requests=min_item_requests,
     )  # fmt: skip
     run_state = IngestState.load(state) if state is not None else None
     console = Console(stderr=True)
