@@ -3,8 +3,8 @@
 ``prewarm ingest PATH... --out DIR`` writes ``DIR/records.parquet`` (canonical RequestRecord
 columns), ``DIR/windows.parquet`` (item × window counts with lag/rolling features),
 ``DIR/counts.parquet`` (every item's counts) and ``DIR/metrics.parquet`` (vLLM stats lines),
-then prints a summary per file (``--json``: the summary as one JSON object). ``--state FILE`` makes runs incremental: each file is read from
-where the previous run stopped.
+then prints a summary per file (``--json``: the summary as one JSON object). ``--state FILE``
+makes runs incremental: each file is read from where the previous run stopped.
 """
 
 from __future__ import annotations
