@@ -36,6 +36,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.templates_cli",
     "jobs.cmd_ingest",
     "jobs.cmd_warm",
+    "jobs.cmd_evaluate",
 ]
 
 

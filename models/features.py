@@ -21,6 +21,11 @@ ROLL = 12  # windows in the rolling mean/std/max
 SEASON_DAYS = 7
 EWMA_FAST, EWMA_SLOW = 0.5, 0.1
 
+# Features also given divided by the item's fast EWMA, so one tree split means the same shape
+# at 5 requests a window and at 50,000.
+_RELATIVE_TO_LEVEL = ("lag_0", "lag_1", "lag_2", "mean_3", "mean_12", "max_12", "std_12",
+                      "season_1", "season_2", "season_mean")  # fmt: skip
+
 FEATURE_NAMES: tuple[str, ...] = (
     *(f"lag_{k}" for k in range(LAGS)),
     "mean_3",
@@ -47,7 +52,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "prompt_per_request",
     "output_per_request",
     "item_kind",
-    *(f"{name}_rel" for name in ("lag_1", "mean_12", "max_12", "season_1", "season_mean")),
+    *(f"{name}_rel" for name in _RELATIVE_TO_LEVEL),
 )
 CATEGORICAL = ("item_kind",)
 
@@ -132,9 +137,7 @@ def features_at(matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
     return _with_relative(np.column_stack(columns).astype(np.float32))
 
 
-_RELATIVE = [FEATURE_NAMES.index(name) for name in ("lag_1", "mean_12", "max_12")] + [
-    FEATURE_NAMES.index(name) for name in ("season_1", "season_mean")
-]
+_RELATIVE = [FEATURE_NAMES.index(name) for name in _RELATIVE_TO_LEVEL]
 
 
 def _with_relative(rows: np.ndarray) -> np.ndarray:

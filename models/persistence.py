@@ -56,7 +56,8 @@ class ModelState:
 class PersistableModel(Protocol):
     """A model the store can save: its kind, parameters, features and state."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def get_params(self) -> dict[str, Any]: ...
 
@@ -87,15 +88,20 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def save_model(model: PersistableModel, root: str | Path, name: str) -> Path:
-    """Save ``model`` as the next version of ``name`` under ``root`` and make it current."""
+def save_model(
+    model: PersistableModel, root: str | Path, name: str, extra: dict[str, Any] | None = None
+) -> Path:
+    """Save ``model`` as the next version of ``name`` under ``root`` and make it current.
+
+    ``extra`` (JSON values, e.g. which data it was trained on) is kept in the metadata.
+    """
     home = Path(root) / name
     home.mkdir(parents=True, exist_ok=True)
     state = model.export_state()
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=home))
     try:
         _write_state(staging, state)
-        _write_json(staging / "metadata.json", _metadata(model, state))
+        _write_json(staging / "metadata.json", {**_metadata(model, state), "extra": extra or {}})
         target = _claim_version(home, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -137,17 +137,23 @@ class HotnessPredictor(Protocol):
 
 @dataclass(frozen=True)
 class WalkForwardConfig:
-    """Budget and schedule of a walk-forward run.
+    """Budgets and schedule of a walk-forward run.
 
-    ``budget_tokens`` (if set) replaces the item budget: items are taken by score while their
-    cost (mean prompt tokens per request so far) fits. ``first_t`` is the first history end
-    (default: a quarter of the windows, at least 2); models are refit every ``refit_every`` steps.
+    Each of ``budget_items`` is judged (one model prediction serves them all); ``budget_tokens``
+    adds budgets in tokens, where items are taken by score while their cost (mean prompt tokens
+    per request so far) fits. ``first_t`` is the first history end (default: a quarter of the
+    windows, at least 2); models are refit every ``refit_every`` steps.
     """
 
-    budget_items: int = 100
-    budget_tokens: int | None = None
+    budget_items: tuple[int, ...] = (100,)
+    budget_tokens: tuple[int, ...] = ()
     first_t: int | None = None
     refit_every: int = 1
+
+    def budgets(self) -> list[tuple[str, int | None, int | None]]:
+        """(label, items, tokens) for each budget."""
+        items = [(f"{k} items", k, None) for k in self.budget_items]
+        return items + [(f"{b} tokens", None, b) for b in self.budget_tokens]
 
 
 @dataclass(frozen=True)
@@ -188,32 +194,41 @@ def _judge_step(
 ) -> list[dict[str, object]]:
     actual = matrix.requests[:, t + 1].astype(np.float64)
     seen = matrix.seen_by(t)
-    cost = _item_cost(matrix, t)
-    pick = _picker(config, cost)
     scored = np.union1d(seen, np.flatnonzero(actual > 0))
-    base = {
-        "t": t,
-        "window_start": matrix.window_start(t + 1),
-        "total": float(actual.sum()),
-        "oracle": float(actual[pick(np.arange(matrix.n_items), actual)].sum()),
-        "history_oracle": float(actual[pick(seen, actual[seen])].sum()),
-    }
+    predictions = {name: _predicted(matrix, model, t, seen) for name, model in models.items()}
+    cost = _item_cost(matrix, t)
     rows = []
-    for name, model in models.items():
-        predicted = np.zeros(matrix.n_items)
-        predicted[seen] = np.asarray(model.predict_at(matrix, t, seen), dtype=np.float64)
-        warmed = pick(seen, predicted[seen])
-        error = np.abs(predicted[scored] - actual[scored])
-        rows.append(
-            {
-                **base,
-                "model": name,
-                "captured": float(actual[warmed].sum()),
-                "abs_error": float(error.sum()),
-                "n_scored": len(scored),
-            }
-        )
+    for label, items, tokens in config.budgets():
+        pick = _picker(items, tokens, cost)
+        base = {
+            "budget": label,
+            "t": t,
+            "window_start": matrix.window_start(t + 1),
+            "total": float(actual.sum()),
+            "oracle": float(actual[pick(np.arange(matrix.n_items), actual)].sum()),
+            "history_oracle": float(actual[pick(seen, actual[seen])].sum()),
+        }
+        for name, predicted in predictions.items():
+            warmed = pick(seen, predicted[seen])
+            rows.append(
+                {
+                    **base,
+                    "model": name,
+                    "captured": float(actual[warmed].sum()),
+                    "abs_error": float(np.abs(predicted[scored] - actual[scored]).sum()),
+                    "n_scored": len(scored),
+                }
+            )
     return rows
+
+
+def _predicted(
+    matrix: CountMatrix, model: HotnessPredictor, t: int, seen: np.ndarray
+) -> np.ndarray:
+    """Predictions for every item (0 for items not seen yet)."""
+    predicted = np.zeros(matrix.n_items)
+    predicted[seen] = np.asarray(model.predict_at(matrix, t, seen), dtype=np.float64)
+    return predicted
 
 
 def _item_cost(matrix: CountMatrix, t: int) -> np.ndarray:
@@ -225,24 +240,23 @@ def _item_cost(matrix: CountMatrix, t: int) -> np.ndarray:
 
 
 def _picker(
-    config: WalkForwardConfig, cost: np.ndarray
+    items: int | None, tokens: int | None, cost: np.ndarray
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """A function choosing the warmed items among ``candidates`` from their ``scores``."""
 
     def pick(candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
         order = candidates[np.argsort(-scores, kind="stable")]
-        if config.budget_tokens is None:
-            return order[: config.budget_items]
+        if tokens is None:
+            return order[:items]
         # Greedy by score: the best items while their total cost fits.
-        fits = np.cumsum(cost[order]) <= config.budget_tokens
-        return order[fits]
+        return order[np.cumsum(cost[order]) <= tokens]
 
     return pick
 
 
 def summarise(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per-model totals over all steps: captured share, shares of both oracles, MAE."""
-    grouped = steps.groupby("model", sort=False)[
+    """Per budget and model, over all steps: captured share, shares of both oracles, MAE."""
+    grouped = steps.groupby(["budget", "model"], sort=False)[
         ["total", "oracle", "history_oracle", "captured", "abs_error", "n_scored"]
     ].sum()
     table = pd.DataFrame(
@@ -256,3 +270,18 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return table.reset_index()
+
+
+def coarsen_counts(counts: pd.DataFrame, window: pd.Timedelta) -> pd.DataFrame:
+    """Counts summed into longer windows (``window`` a multiple of the table's own)."""
+    _check_counts(counts)
+    own = infer_window(pd.to_datetime(counts["window_start"], utc=True))
+    if window == own:
+        return counts
+    if window < own or window % own != pd.Timedelta(0):
+        raise BadInputError(f"cannot turn {own} windows into {window} ones", where="window")
+    frame = counts.copy()
+    frame["window_start"] = pd.to_datetime(frame["window_start"], utc=True).dt.floor(window)
+    values = [c for c in ("requests", *TOKEN_COLUMNS) if c in frame.columns]
+    summed = frame.groupby(["item_kind", "item_key", "window_start"], observed=True)[values].sum()
+    return summed.reset_index()

@@ -8,8 +8,8 @@ import pytest
 
 from models.baselines import LastWindow, MovingAverage
 from pipeline.errors import BadInputError
-from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
-from tests.unit.models.conftest import counts_from_matrix
+from pipeline.evaluation import CountMatrix, WalkForwardConfig, coarsen_counts, walk_forward
+from tests.unit.models.series import counts_from_matrix
 
 # item 0 steady, item 1 bursts in window 1 only, item 2 appears in window 2, item 3 new at 3.
 REQUESTS = np.array(
@@ -37,7 +37,7 @@ def test_matrix_keeps_counts_on_a_regular_grid(matrix):
 
 def test_walk_forward_shares_match_a_hand_count(matrix):
     models = {"last": LastWindow(), "ma": MovingAverage(windows=4)}
-    result = walk_forward(matrix, models, WalkForwardConfig(budget_items=1, first_t=1))
+    result = walk_forward(matrix, models, WalkForwardConfig(budget_items=(1,), first_t=1))
     table = result.table.set_index("model")
     # t=1 -> window 2 (total 7): last picks item 1 (9) -> 0; ma picks item 1 (4.5) -> 0.
     # t=2 -> window 3 (total 14): last picks item 0 -> 5; ma picks item 0 (5) -> 5.
@@ -53,7 +53,9 @@ def test_walk_forward_shares_match_a_hand_count(matrix):
 def test_a_token_budget_takes_items_while_their_cost_fits(matrix):
     # every item costs 100 prompt tokens per request: 150 tokens buy one item.
     result = walk_forward(
-        matrix, {"last": LastWindow()}, WalkForwardConfig(budget_tokens=150, first_t=2)
+        matrix,
+        {"last": LastWindow()},
+        WalkForwardConfig(budget_items=(), budget_tokens=(150,), first_t=2),
     )
     assert result.table.loc[0, "captured_share"] == pytest.approx(5 / 14)
 
@@ -66,3 +68,22 @@ def test_too_few_windows_is_bad_input(matrix):
 def test_counts_without_required_columns_are_refused():
     with pytest.raises(BadInputError, match="requests"):
         CountMatrix.from_counts(pd.DataFrame({"item_kind": [], "item_key": [], "window_start": []}))
+
+
+def test_several_budgets_are_judged_on_one_run(matrix):
+    config = WalkForwardConfig(budget_items=(1, 2), budget_tokens=(150,), first_t=1)
+    table = walk_forward(matrix, {"last": LastWindow()}, config).table.set_index("budget")
+    assert list(table.index) == ["1 items", "2 items", "150 tokens"]
+    # t=1: last picks items 1 and 0 -> 5 of 7; t=2: items 0 and 2 -> 7 of 14.
+    assert table.loc["2 items", "captured_share"] == pytest.approx(12 / 21)
+    assert table.loc["2 items", "mae"] == table.loc["1 items", "mae"]
+
+
+def test_counts_coarsen_into_longer_windows():
+    counts = counts_from_matrix(REQUESTS, pd.Timedelta(minutes=5))
+    coarse = coarsen_counts(counts, pd.Timedelta(minutes=10))
+    matrix = CountMatrix.from_counts(coarse)
+    assert matrix.window == pd.Timedelta(minutes=10)
+    assert matrix.requests.sum() == REQUESTS.sum()
+    with pytest.raises(BadInputError, match="cannot turn"):
+        coarsen_counts(counts, pd.Timedelta(minutes=7))

@@ -17,7 +17,7 @@ def test_forecaster_beats_last_window_on_the_held_back_day(daily_counts):
     models = {**baselines(), "lightgbm": HotnessForecaster(n_estimators=100)}
     last_day = matrix.n_windows - 144
     # One fit on five days, judged on the sixth, never refit (refit_every > steps).
-    config = WalkForwardConfig(budget_items=4, first_t=last_day - 1, refit_every=10_000)
+    config = WalkForwardConfig(budget_items=(4,), first_t=last_day - 1, refit_every=10_000)
     table = walk_forward(matrix, models, config).table.set_index("model")
     assert table.loc["lightgbm", "mae"] < 0.85 * table.loc["last_window", "mae"]
     assert table.loc["lightgbm", "mae"] < table.loc["moving_average", "mae"]
@@ -59,7 +59,7 @@ def test_inactive_rows_are_subsampled_but_active_ones_kept():
     requests = np.zeros((400, 6))
     requests[:5, :] = 3  # five busy items
     requests[5:, 0] = 1  # many items seen once, idle afterwards
-    from tests.unit.models.conftest import counts_from_matrix
+    from tests.unit.models.series import counts_from_matrix
 
     counts = counts_from_matrix(requests, pd.Timedelta(minutes=1), kind="prefix")
     model = HotnessForecaster(n_estimators=5, negatives_per_positive=2, min_child_samples=2)

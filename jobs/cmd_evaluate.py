@@ -1,0 +1,164 @@
+"""``prewarm evaluate``: walk-forward evaluation of the hotness models on a trace or log.
+
+``prewarm evaluate PATH --window 5min --budget 100 [--budget 1000] [--json] [--plot FILE]``
+reads PATH (any log or trace ``prewarm ingest`` reads, a ServeGen folder, or a counts
+``windows.parquet``), counts item requests per window, and runs every baseline and the LightGBM
+forecaster walk-forward (see :mod:`pipeline.evaluation`). It prints, per budget and model: the
+captured share of next-window requests, its share of the history oracle and of the oracle, and
+the MAE of predicted counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from models.baselines import HotnessModel, baselines
+from models.forecaster import HotnessForecaster
+from pipeline.errors import BadInputError
+from pipeline.evaluation import (
+    CountMatrix,
+    Evaluation,
+    WalkForwardConfig,
+    coarsen_counts,
+    walk_forward,
+)
+from pipeline.ingest import IngestOptions, ingest_paths
+from pipeline.ingest.detect import detect_format
+from pipeline.ingest.run import expand_paths
+from pipeline.ingest.traces import read_servegen
+from pipeline.windows import item_window_counts
+
+#: Refits per run when --refit-every is not given: enough to follow drift, bounded in time.
+DEFAULT_REFITS = 12
+
+
+def load_counts(path: Path, window: str) -> pd.DataFrame:
+    """Item × window counts of ``path`` at ``window`` (a pandas offset such as ``5min``)."""
+    step = pd.Timedelta(window)
+    parquet = path / "windows.parquet" if path.is_dir() else path
+    if parquet.suffix == ".parquet" and parquet.is_file():
+        return coarsen_counts(pd.read_parquet(parquet), step)
+    files = expand_paths([path])
+    if files and all(detect_format(f) == "servegen" for f in files):
+        return coarsen_counts(read_servegen(path), step)
+    result = ingest_paths([path], IngestOptions(window=window, workers=1))
+    if not result.records.empty:
+        return item_window_counts(result.records, window)
+    if result.windows is None:
+        raise BadInputError("nothing prewarm can count was found", where=str(path))
+    return coarsen_counts(result.windows, step)
+
+
+def default_kind(counts: pd.DataFrame) -> str:
+    """``prefix`` when the counts have prefix items, else the kind with the most items."""
+    kinds = counts.groupby("item_kind", observed=True)["item_key"].nunique()
+    if kinds.empty:
+        raise BadInputError("no items", where="counts")
+    return "prefix" if "prefix" in kinds.index else str(kinds.idxmax())
+
+
+def standard_models(forecaster: HotnessForecaster | None = None) -> dict[str, HotnessModel]:
+    """Every baseline and the LightGBM forecaster, by name."""
+    model = forecaster or HotnessForecaster()
+    return {**baselines(), model.name: model}
+
+
+def evaluate_counts(
+    counts: pd.DataFrame,
+    budgets: tuple[int, ...],
+    budget_tokens: tuple[int, ...] = (),
+    kind: str | None = None,
+    refit_every: int | None = None,
+    first_t: int | None = None,
+) -> tuple[CountMatrix, Evaluation]:
+    """Walk-forward evaluation of :func:`standard_models` on ``counts`` (one item kind)."""
+    matrix = CountMatrix.from_counts(counts, kind=kind or default_kind(counts))
+    start = first_t if first_t is not None else max(2, matrix.n_windows // 4)
+    steps = max(1, matrix.n_windows - 1 - start)
+    config = WalkForwardConfig(
+        budget_items=budgets,
+        budget_tokens=budget_tokens,
+        first_t=start,
+        refit_every=refit_every or max(1, -(-steps // DEFAULT_REFITS)),
+    )
+    return matrix, walk_forward(matrix, standard_models(), config)
+
+
+def print_table(console: Console, title: str, table: pd.DataFrame) -> None:
+    """The evaluation table as a rich table."""
+    out = Table(title=title)
+    columns = ("budget", "model", "captured", "of history oracle", "of oracle", "MAE")
+    for column in columns:
+        out.add_column(column, justify="left" if column in ("budget", "model") else "right")
+    for row in table.itertuples():
+        out.add_row(
+            str(row.budget), str(row.model), f"{row.captured_share:.2%}",
+            f"{row.share_of_history_oracle:.1%}", f"{row.share_of_oracle:.1%}", f"{row.mae:,.3f}",
+        )  # fmt: skip
+    console.print(out)
+
+
+def plot_steps(evaluation: Evaluation, path: Path) -> None:
+    """Captured share per step and model, one panel per budget, as an image file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = evaluation.steps.assign(share=lambda f: f["captured"] / f["total"].clip(lower=1))
+    budgets = list(dict.fromkeys(steps["budget"]))
+    fig, axes = plt.subplots(len(budgets), 1, figsize=(9, 3 * len(budgets)), squeeze=False)
+    for axis, budget in zip(axes[:, 0], budgets, strict=True):
+        part = steps[steps["budget"] == budget]
+        for model, rows in part.groupby("model", sort=False):
+            axis.plot(rows["window_start"], rows["share"], label=str(model))
+        oracle = part.drop_duplicates("t")
+        axis.plot(oracle["window_start"], oracle["history_oracle"] / oracle["total"], "k--",
+                  label="history oracle")  # fmt: skip
+        axis.set_title(f"budget {budget}")
+        axis.set_ylabel("captured share")
+    axes[0, 0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def evaluate(
+    path: Annotated[Path, typer.Argument(help="Trace, log, ServeGen folder or windows.parquet.")],
+    window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "5min",
+    budget: Annotated[list[int], typer.Option(help="Items to warm (repeatable).")] = [100],  # noqa: B006
+    budget_tokens: Annotated[list[int], typer.Option(help="Token budgets (repeatable).")] = [],  # noqa: B006
+    kind: Annotated[str | None, typer.Option(help="Item kind (default: prefix, else …)")] = None,
+    refit_every: Annotated[int | None, typer.Option(help="Steps between refits.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write a plot of every step here.")] = None,
+) -> None:
+    """Walk-forward: what each model's warmed set would have captured, next to the oracles."""
+    if not path.exists():
+        raise BadInputError("no such file or folder", where=str(path))
+    counts = load_counts(path, window)
+    matrix, evaluation = evaluate_counts(
+        counts, tuple(budget), tuple(budget_tokens), kind, refit_every
+    )
+    if plot is not None:
+        plot_steps(evaluation, plot)
+    if as_json:
+        payload = {"path": str(path), "window": window, "items": matrix.n_items,
+                   "windows": matrix.n_windows,
+                   "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
+        typer.echo(json.dumps(payload, default=str))
+        return
+    title = f"{path.name}: {matrix.n_items} items x {matrix.n_windows} windows of {window}"
+    print_table(Console(), title, evaluation.table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``prewarm evaluate``."""
+    app.command("evaluate")(evaluate)

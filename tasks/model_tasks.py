@@ -1,0 +1,116 @@
+"""Model tasks: retrain the hotness forecaster, and predict the next window with the current one.
+
+``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None)`` fits
+:class:`models.forecaster.HotnessForecaster` on a counts table (the ``windows.parquet`` an ingest
+writes; by default the newest one under ``<data_dir>/ingest``) and saves it as a new version under
+``<data_dir>/models/<name>``. Retraining on the same counts file with the same code returns the
+current version instead of adding one, so a redelivered message is harmless.
+
+``prewarm.model.predict(counts_path=None, name="hotness", data_dir=None, kind=None, top=20)``
+loads the current version, ranks every item for the window after the table's last one, writes
+``<data_dir>/predictions/<name>/<window start>.parquet`` and returns the top items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from celery import shared_task
+
+from models.forecaster import HotnessForecaster
+from models.persistence import code_version, load_model, read_saved, save_model
+from pipeline.errors import BadInputError
+from pipeline.evaluation import CountMatrix
+from tasks.settings import current_settings
+
+
+def _data_dir(data_dir: str | None) -> Path:
+    return Path(data_dir) if data_dir else current_settings().data_dir
+
+
+def newest_counts(data_dir: Path) -> Path:
+    """The most recently written ``windows.parquet`` under ``<data_dir>/ingest``."""
+    found = sorted((data_dir / "ingest").rglob("windows.parquet"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise BadInputError("no windows.parquet yet (ingest something first)", where=str(data_dir))
+    return found[-1]
+
+
+def _counts(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"cannot read counts ({exc})", where=str(path)) from exc
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"{digest.hexdigest()}/{code_version()}"
+
+
+def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict[str, Any] | None:
+    try:
+        saved = read_saved(root, name)
+    except BadInputError:
+        return None
+    extra = saved.metadata.get("extra", {})
+    if extra.get("source") == source and extra.get("kind") == kind:
+        return {"version": saved.path.name, "path": str(saved.path), "reused": True}
+    return None
+
+
+@shared_task(name="prewarm.model.retrain", acks_late=True)
+def retrain(
+    counts_path: str | None = None,
+    name: str = "hotness",
+    data_dir: str | None = None,
+    kind: str | None = None,
+) -> dict[str, Any]:
+    """Fit the forecaster on a counts table and save it as the current version."""
+    base = _data_dir(data_dir)
+    path = Path(counts_path) if counts_path else newest_counts(base)
+    root, source = base / "models", _digest(path)
+    reused = _same_training(root, name, source, kind)
+    if reused is not None:
+        return reused
+    started = time.monotonic()
+    model = HotnessForecaster().fit(CountMatrix.from_counts(_counts(path), kind=kind))
+    folder = save_model(model, root, name, extra={"source": source, "kind": kind})
+    return {"version": folder.name, "path": str(folder), "reused": False,
+            "rows": model.n_training_rows_, "trained_until": model.trained_until_.isoformat(),
+            "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
+@shared_task(name="prewarm.model.predict", acks_late=True)
+def predict(
+    counts_path: str | None = None,
+    name: str = "hotness",
+    data_dir: str | None = None,
+    kind: str | None = None,
+    top: int = 20,
+) -> dict[str, Any]:
+    """Rank every item for the next window with the current model; write and summarise it."""
+    base = _data_dir(data_dir)
+    path = Path(counts_path) if counts_path else newest_counts(base)
+    model = load_model(base / "models", name)
+    ranking = model.predict_next(_counts(path), kind=kind)
+    window = ranking["window_start"].iloc[0] if len(ranking) else None
+    stamp = window.strftime("%Y%m%dT%H%M%SZ") if window is not None else "empty"
+    out = base / "predictions" / name / f"{stamp}.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = out.with_suffix(".tmp")
+    ranking.to_parquet(temp, index=False)
+    temp.replace(out)  # atomic: a reader never sees half a file
+    head = ranking.head(top)
+    return {"window_start": window.isoformat() if window is not None else None,
+            "items": len(ranking), "out": str(out),
+            "top": [{"item_kind": str(k), "item_key": str(i), "predicted": float(p)}
+                    for k, i, p in zip(head["item_kind"], head["item_key"], head["predicted"],
+                                       strict=True)]}  # fmt: skip

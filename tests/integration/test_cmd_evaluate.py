@@ -1,0 +1,68 @@
+"""``prewarm evaluate`` on a slice of the real Mooncake trace and on a counts file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO_ROOT, SHARED_DATA, worker_env
+from tests.unit.models.series import counts_from_matrix, daily_series
+
+MOONCAKE = SHARED_DATA / "traces" / "conversation_trace.jsonl"
+
+
+def prewarm(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "from jobs.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO_ROOT, env=worker_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mooncake_slice(tmp_path_factory):
+    """The first 1,500 requests (about 7 minutes) of the Mooncake conversation trace."""
+    path = tmp_path_factory.mktemp("trace") / "conversation_trace.jsonl"
+    with MOONCAKE.open() as source:
+        path.write_text("".join(next(source) for _ in range(1500)))
+    return path
+
+
+def test_evaluate_prints_every_model_and_budget_as_json_and_plots(mooncake_slice, tmp_path):
+    plot = tmp_path / "steps.png"
+    options = ["--window", "1min", "--budget", "10", "--budget", "50", "--refit-every", "10"]
+    done = prewarm("evaluate", str(mooncake_slice), *options, "--json", "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    table = pd.DataFrame(payload["table"])
+    assert set(table["budget"]) == {"10 items", "50 items"}
+    assert set(table["model"]) == {
+        "last_window", "moving_average", "ewma", "seasonal_naive", "lightgbm",
+    }  # fmt: skip
+    assert (table["captured_share"] <= table["history_oracle_share"] + 1e-12).all()
+    assert (table["history_oracle_share"] <= table["oracle_share"] + 1e-12).all()
+    assert (table["mae"] >= 0).all()
+    assert plot.stat().st_size > 1000
+
+
+def test_evaluate_reads_a_counts_file_and_prints_a_table(tmp_path):
+    path = tmp_path / "windows.parquet"
+    counts_from_matrix(daily_series(items=6, days=2), pd.Timedelta(minutes=10)).to_parquet(path)
+    done = prewarm(
+        "evaluate", str(path), "--window", "20min", "--budget", "2", "--refit-every", "50"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "lightgbm" in done.stdout and "of history oracle" in done.stdout
+    assert "6 items x 144 windows of 20min" in done.stdout
+
+
+def test_evaluate_refuses_a_window_it_cannot_make(tmp_path):
+    path = tmp_path / "windows.parquet"
+    counts_from_matrix(daily_series(items=2, days=1), pd.Timedelta(minutes=10)).to_parquet(path)
+    done = prewarm("evaluate", str(path), "--window", "5min")
+    assert done.returncode == 2
+    assert "bad input" in done.stderr and "cannot turn" in done.stderr
