@@ -197,3 +197,29 @@ def test_chunk_meta_round_trips_through_json(tmp_path):
     back = chunk_from_meta(json.loads(json.dumps(chunk_meta(result))))
     assert back.ignored == result.ignored and back.tails == result.tails
     assert back.rejects.counts == result.rejects.counts and back.lines == result.lines
+
+
+def test_a_50_mb_line_is_skipped_in_bounded_memory_and_nothing_else_is_lost(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "giant.log"
+    good = V011.read_bytes()
+    with open(path, "wb") as out:
+        out.write(good)
+        out.write(b"INFO 10-03 16:20:30 [logger.py:40] Received request x: prompt: '")
+        chunk = b"y" * (1 << 20)
+        for _ in range(50):
+            out.write(chunk)
+        out.write(b"'\n")
+        out.write(good)
+    tracemalloc.start()
+    rejects = Rejects(str(path))
+    reader = LineReader(path, rejects)  # default cap: 8 MiB
+    kept = sum(len(block) for _, block in reader)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 40 << 20  # a cap plus a read block or two, never the 50 MB line
+    assert rejects.counts["line too long"] == 1 and kept == 44
+    result = ingest_paths([path], IngestOptions(year=2025))
+    assert len(result.records) == 10
+    assert result.summary[0].rejects.counts == {"line too long": 1}
