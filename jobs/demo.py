@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -232,14 +233,16 @@ class DemoRun:
 def run_demo(
     config: DemoConfig | None = None, workdir: Path | None = None, console: Console | None = None
 ) -> DemoResult:
-    """Run the demo (in ``workdir``, or a temporary directory) and return what it measured."""
+    """Run the demo in ``workdir`` (default: a temporary directory, removed after a successful
+    run and kept, for its logs, after a failed one) and return what it measured."""
     console = console or Console()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with (
-        tempfile.TemporaryDirectory(prefix="prewarm-demo-") as tmp,
-        Progress(*columns, console=console) as progress,
-    ):
-        return DemoRun(config or DemoConfig(), Path(workdir or tmp), progress).run()
+    directory = workdir or Path(tempfile.mkdtemp(prefix="prewarm-demo-"))
+    with Progress(*columns, console=console) as progress:
+        result = DemoRun(config or DemoConfig(), directory, progress).run()
+    if workdir is None:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result
 
 
 def demo(

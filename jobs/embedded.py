@@ -100,13 +100,19 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = self.log_file.read_text(errors="replace")[-2000:]
-                raise TransientError(f"worker exited with {self.proc.returncode}:\n{tail}")
+                raise TransientError(
+                    f"worker exited with status {self.proc.returncode} before it was ready "
+                    f"({self._last_line()}); its log: {self.log_file}"
+                )
             if celery_app.control.ping(destination=[node], timeout=0.5):
                 return
         raise TransientError(
             f"worker {node} not ready after {timeout_s:.0f}s (log: {self.log_file})"
         )
+
+    def _last_line(self) -> str:
+        lines = self.log_file.read_text(errors="replace").strip().splitlines()
+        return lines[-1].strip() if lines else "no output"
 
     def stop(self) -> None:
         """Warm shutdown, then kill if it hangs."""
