@@ -43,7 +43,7 @@ def _engine_name(settings: Settings, name: str | None) -> str:
 def build_plan_from(
     source: Path, engine: str | None, *, budget_items: int | None = None,
     budget_tokens: int | None = None, batch_size: int | None = None, shapes: bool = False,
-    forecast: str = "auto",
+    responses: bool = False, embeddings: bool = False, forecast: str = "auto",
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
     from tasks.warm_plan import plan_for_engine, plan_request, read_records
@@ -52,7 +52,8 @@ def build_plan_from(
     records, windows = read_records(source)
     request = plan_request(
         settings, _engine_name(settings, engine), max_items=budget_items,
-        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
+        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes, responses=responses,
+        embeddings=embeddings,
     )  # fmt: skip
     return plan_for_engine(records, request, windows, forecast)
 
@@ -75,6 +76,8 @@ def plan(
     budget_tokens: Annotated[int | None, Opt(min=1, help="Token budget (cache capacity).")] = None,
     batch_size: Annotated[int | None, Opt(min=1, help="Items per batch (transaction).")] = None,
     shapes: Annotated[bool, Opt(help="Add one request per workload shape.")] = False,
+    responses: Annotated[bool, Opt(help="Cache answers of repeated greedy prompts.")] = False,
+    embeddings: Annotated[bool, Opt(help="Cache embeddings of repeated prompts.")] = False,
     forecast: Annotated[str, Opt(help="auto | model | frequency")] = "auto",
     out: Annotated[Path | None, Opt("--out", help="Write the plan JSON here.")] = None,
 ) -> None:
@@ -82,7 +85,8 @@ def plan(
     if source is None:
         raise BadInputError("--from DIR or records.parquet is required", where="--from")
     built = build_plan_from(source, engine, budget_items=budget_items, budget_tokens=budget_tokens,
-                            batch_size=batch_size, shapes=shapes, forecast=forecast)  # fmt: skip
+                            batch_size=batch_size, shapes=shapes, responses=responses,
+                            embeddings=embeddings, forecast=forecast)  # fmt: skip
     console.print(_plan_table(built))
     console.print(f"{len(built.items)} items, {built.tokens} tokens, {built.dropped} dropped; "
                   + "; ".join(built.notes), highlight=False)  # fmt: skip

@@ -33,6 +33,8 @@ DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
 DEFAULT_REQUEST_OVERHEAD_S = 0.01
 #: What the first request to an unloaded LoRA adapter waits for its load.
 DEFAULT_ADAPTER_LOAD_S = 0.5
+#: Decode cost per output token when never measured (a small model on CPU).
+DEFAULT_DECODE_S_PER_TOKEN = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,7 @@ class EngineCost:
     prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
     adapter_load_s: float = DEFAULT_ADAPTER_LOAD_S
+    decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,8 @@ def score_item(item: WarmItem, cost: EngineCost, weight: float = 1.0) -> float:
         saved = cost.adapter_load_s if item.predicted_hits > 0 else 0.0
         return saved * weight - cost.request_overhead_s
     saved_per_hit = item.tokens * cost.prefill_s_per_token
+    if item.kind == "response":  # a cached answer saves the decode too
+        saved_per_hit += int(item.params.get("max_tokens", 16)) * cost.decode_s_per_token
     return item.predicted_hits * saved_per_hit * weight - warm_cost_s(item, cost)
 
 

@@ -1,8 +1,9 @@
 """From request records to a warm-up plan (pure): candidates, forecast, budgets, order.
 
 Candidates are the shared prefixes of the records (:mod:`pipeline.prefixes`), the adapters
-they used, and — for a replica that just started — one representative request per workload
-shape. Predicted hits come from a forecast by item key when one is given (a learned model's
+they used, optionally one representative request per workload shape (for a replica that just
+started), and the answers and embeddings of prompts asked repeatedly with greedy sampling.
+Predicted hits come from a forecast by item key when one is given (a learned model's
 next-window predictions) and from the frequency EWMA of each item's windows otherwise.
 """
 
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from pipeline.keys import response_key
 from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan, build_plan, with_cache_salt
-from pipeline.prefix import DEFAULT_BLOCK_SIZE
+from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.prefixes import detect_prefixes, prefix_items
 
 #: Prompt and output length buckets (tokens) that name a workload shape.
@@ -39,6 +41,8 @@ class PlanRequest:
     block_size: int = DEFAULT_BLOCK_SIZE
     adapters: bool = True
     shapes: bool = False
+    responses: bool = False
+    embeddings: bool = False
 
 
 def _bucket(value: object, edges: tuple[int, ...]) -> int:
@@ -80,6 +84,39 @@ def shape_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
     return [replace(item, predicted_hits=float(counts[k])) for k, item in shapes.items()]
 
 
+def _deterministic(row: Mapping[str, object]) -> bool:
+    temperature = row.get("temperature")
+    try:
+        return float(str(temperature)) == 0.0
+    except ValueError:  # unknown sampling: not safe to cache its answer
+        return False
+
+
+def response_items(
+    records: pd.DataFrame, model: str | None, min_count: int = 2, kind: str = "response"
+) -> list[WarmItem]:
+    """Prompts asked at least ``min_count`` times with greedy sampling: their answers (or, with
+    ``kind='embedding'``, their embeddings) can be cached under a versioned key."""
+    counts: Counter[tuple[str, str, str, int]] = Counter()
+    for row in records.to_dict("records"):
+        prompt = row.get("prompt")
+        if isinstance(prompt, str) and prompt and _deterministic(row):
+            template = str(row.get("template") or "none")
+            tenant = str(row.get("tenant") or "default")
+            counts[(prompt, template, tenant, _bucket(row.get("max_tokens"), OUTPUT_BUCKETS))] += 1
+    items = []
+    for (prompt, template, tenant, max_tokens), n in counts.items():
+        if n < min_count:
+            continue
+        params = {"temperature": 0.0, "max_tokens": max_tokens}
+        key = response_key(model=model or "unknown", template=template, params=params,
+                           text=prompt, tenant=tenant, kind=kind).render()  # fmt: skip
+        items.append(WarmItem(kind, key, model or "unknown", text=prompt, tenant=tenant,
+                              tokens=count_tokens(prompt), predicted_hits=float(n),
+                              template=template, params=params))  # fmt: skip
+    return items
+
+
 def candidates(
     records: pd.DataFrame, request: PlanRequest, forecast: Mapping[str, float] | None = None
 ) -> list[WarmItem]:
@@ -96,6 +133,10 @@ def candidates(
         items += adapter_items(records, request.model)
     if request.shapes:
         items += shape_items(records, request.model)
+    if request.responses:
+        items += response_items(records, request.model, request.min_count)
+    if request.embeddings:
+        items += response_items(records, request.model, request.min_count, kind="embedding")
     return items
 
 

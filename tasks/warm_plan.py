@@ -68,6 +68,8 @@ def plan_request(
     max_tokens: int | None = None,
     batch_size: int | None = None,
     shapes: bool = False,
+    responses: bool = False,
+    embeddings: bool = False,
 ) -> PlanRequest:
     """The pure plan request for a configured engine, budgets overridable."""
     engine = settings.engine(engine_name)
@@ -85,7 +87,7 @@ def plan_request(
         weights={t.name: t.weight for t in settings.tenants},
         shares={t.name: t.budget_share for t in settings.tenants},
         isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
-        shapes=shapes,
+        shapes=shapes, responses=responses, embeddings=embeddings,
     )  # fmt: skip
 
 

@@ -1,0 +1,69 @@
+"""From records to a plan: candidates of every kind, the learned forecast when history allows."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.keys import CacheKey
+from pipeline.plan import PlanBudget
+from pipeline.planning import PlanRequest, plan_from_records
+from pipeline.records import records_frame
+from pipeline.windows import item_window_counts
+from tasks.settings import Settings
+from tasks.warm_plan import plan_for_engine, plan_request
+
+HEADS = [f"You are the assistant of the {team} team; answer briefly and cite policy. " * 6
+         for team in ("billing", "search", "legal", "travel")]  # fmt: skip
+
+
+def _records(windows: int = 12, per_window: int = 20) -> pd.DataFrame:
+    start, rows = pd.Timestamp("2026-01-01T00:00:00Z"), []
+    for w in range(windows):
+        for n in range(per_window):
+            head = HEADS[0] if n % 2 else HEADS[1 + n % 3]
+            rows.append({
+                "ts": start + pd.Timedelta(minutes=10 * w, seconds=n), "model": "m",
+                "prompt": head + f"Q{w}-{n}?", "temperature": 0.0 if n < 4 else 0.7,
+                "max_tokens": 64, "adapter": "lora-a" if n == 0 else None, "prompt_tokens": 100,
+                "output_tokens": 20,
+            })  # fmt: skip
+    rows += [{"ts": start, "model": "m", "prompt": "What is the refund window?", "temperature": 0.0,
+              "max_tokens": 64} for _ in range(3)]  # fmt: skip
+    return records_frame(rows)
+
+
+def test_candidates_of_every_kind_fit_the_budget():
+    request = PlanRequest(engine="e", model="m", budget=PlanBudget(max_items=50),
+                          shapes=True, responses=True, embeddings=True)  # fmt: skip
+    plan = plan_from_records(_records(), request)
+    kinds = {item.kind for item in plan.items}
+    assert kinds == {"prefix", "adapter", "shape", "response", "embedding"}
+    response = next(i for i in plan.items if i.kind == "response")
+    assert (
+        response.text == "What is the refund window?"
+        and CacheKey.parse(response.key).kind == "response"
+    )
+    prefixes = [i for i in plan.items if i.kind == "prefix"]
+    assert len(prefixes) == 4 and prefixes[-1].text.startswith(HEADS[0][:30])  # hottest last
+
+
+def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
+    records = _records()
+    records["prefix_hashes"] = [None] * len(records)
+    from pipeline.prefix import block_hashes
+
+    records["prefix_hashes"] = records["prompt"].map(block_hashes)
+    windows = tmp_path / "windows.parquet"
+    item_window_counts(records).to_parquet(windows)
+    settings = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
+    )
+    request = plan_request(settings, "e")
+    learned = plan_for_engine(records, request, windows, forecast="auto")
+    assert "forecast: model" in learned.notes
+    assert learned.items[-1].text.startswith(HEADS[0][:30])
+    frequency = plan_for_engine(records, request, windows, forecast="frequency")
+    assert "forecast: frequency" in frequency.notes
+    short = plan_for_engine(records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=30)],
+                            request, None)  # fmt: skip
+    assert "forecast: frequency" in short.notes
