@@ -10,8 +10,9 @@ each file's format (or takes ``options.format``), and returns an :class:`IngestR
   ``preemptions``, ``kv_usage``, ``cpu_kv_usage``, ``prefix_cache_hit_rate``,
   ``cpu_prefix_cache_hit_rate``, ``external_prefix_cache_hit_rate``, ``mm_cache_hit_rate``
   (usages and rates as fractions 0..1; missing where the line has no such part);
-* ``windows`` — item × window counts with lag / rolling features (:mod:`pipeline.windows`)
-  for items with at least ``options.min_item_requests`` requests, or ``None``;
+* ``windows`` — every item × window count, with lag / rolling features on a dense grid
+  (:mod:`pipeline.windows`) for items with at least ``options.min_item_requests`` requests
+  (rarer items keep their count rows, features missing), or ``None``;
 * ``counts`` — every item × window count (the counts shape);
 * ``summary`` — one :class:`FileSummary` per file: format, records, lines, rejected lines by
   reason with ``file:line`` samples, ignored lines by kind, assumptions made.
@@ -88,10 +89,22 @@ def metrics_result(parts: list[pd.DataFrame]) -> pd.DataFrame:
 def windows_result(
     counts: pd.DataFrame, window: str, min_item_requests: int = 1
 ) -> pd.DataFrame | None:
-    """Features of summed counts; ``None`` when nothing was counted."""
+    """Every count row, with lag/rolling features on a dense grid for the items seen at least
+    ``min_item_requests`` times (rarer items keep their count rows, features missing);
+    ``None`` when nothing was counted."""
     if counts.empty:
         return None
-    return window_features(counts, window=window, min_total_requests=min_item_requests)
+    totals = counts.groupby(["item_kind", "item_key"], observed=True)["requests"].transform("sum")
+    frequent = counts[totals >= min_item_requests]
+    rare = counts[totals < min_item_requests]
+    if frequent.empty:
+        return rare.reset_index(drop=True)
+    features = window_features(frequent, window=window)
+    whole = [c for c in features.columns if c not in rare.columns and features[c].dtype == "int64"]
+    features[whole] = features[whole].astype("Int64")  # rare rows have none: stay integers
+    if rare.empty:
+        return features
+    return pd.concat([features, rare], ignore_index=True)
 
 
 def ingest_paths(
@@ -119,8 +132,8 @@ def ingest_to_dir(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Ingest into ``out_dir``: ``records.parquet`` (streamed, one chunk in memory at a time),
-    ``windows.parquet`` (counts + features of items with at least
-    ``options.min_item_requests`` requests), ``counts.parquet`` (every item's counts) and
+    ``windows.parquet`` (every count row, plus features for items with at least
+    ``options.min_item_requests`` requests), ``counts.parquet`` (the counts shape alone) and
     ``metrics.parquet``; return the summary dict."""
     options = options or IngestOptions()
     out = Path(out_dir)

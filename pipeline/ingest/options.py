@@ -30,9 +30,9 @@ class IngestOptions:
     records, which do not carry them. ``workers``: processes for chunks of large files (1 =
     in this process). ``trace_epoch``: start time of relative-time traces (Mooncake,
     ServeGen), ISO text; default :data:`pipeline.ingest.traces.TRACE_EPOCH`.
-    ``min_item_requests``: items with fewer requests in all get no feature rows (their counts
-    are kept): an item seen once would cost ``max(lags)`` zero rows, and a 1 GB log holds
-    millions of such prompt-tail blocks.
+    ``min_item_requests``: items with fewer requests in all get no dense feature rows (their
+    count rows are kept): an item seen once would cost ``max(lags)`` zero rows, and a 1 GB log
+    holds millions of such prompt-tail blocks.
     """
 
     year: int | None = None

@@ -63,3 +63,21 @@ def test_min_total_requests_drops_rare_items():
 
 def test_empty_records_give_empty_counts():
     assert item_window_counts(records_frame([]), "10min").empty
+
+
+def test_ingest_windows_keep_every_count_and_feature_the_frequent_items():
+    from pipeline.ingest import windows_result
+    from pipeline.records import records_frame as frame
+    from pipeline.windows import item_window_counts as counts_of
+
+    counts = counts_of(_records(), "10min")
+    windows = windows_result(counts, "10min", min_item_requests=2)
+    seen = windows[windows["requests"] > 0]
+    merged = seen.merge(counts, on=["item_kind", "item_key", "window_start"], suffixes=("", "_c"))
+    assert len(seen) == len(counts) == len(merged)
+    assert (merged["requests"] == merged["requests_c"]).all()
+    rare = windows[(windows.item_kind == "prefix") & (windows.item_key == "b")]
+    assert rare["lag_1"].isna().all()  # seen once: no features
+    frequent = windows[(windows.item_kind == "prefix") & (windows.item_key == "a")]
+    assert frequent["lag_1"].tolist() == [0, 2, 0]
+    assert windows_result(counts_of(frame([]), "10min"), "10min") is None
