@@ -26,6 +26,12 @@ from typing import Any
 from pipeline.errors import BadInputError
 
 ITEM_KINDS = ("prefix", "response", "embedding", "adapter", "shape")
+#: Request fields an item may carry; model, prompt and URL are never taken from a plan.
+ITEM_PARAMS = frozenset({
+    "cache_salt", "add_special_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+    "ignore_eos", "max_tokens", "min_tokens", "presence_penalty", "frequency_penalty",
+    "repetition_penalty",
+})  # fmt: skip
 ENDPOINTS = ("completions", "chat")
 #: Prefill cost assumed when an engine's was never measured (a small model on CPU: ~1 ms/token).
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
@@ -70,6 +76,11 @@ class WarmItem:
             raise BadInputError(f"unknown endpoint {self.endpoint!r}", where=f"item {self.key}")
         if self.kind != "adapter" and self.text is None and self.messages is None:
             raise BadInputError("needs text or messages", where=f"item {self.key}")
+        unknown = set(self.params) - ITEM_PARAMS
+        if unknown:
+            raise BadInputError(
+                f"unknown request fields {sorted(unknown)}", where=f"item {self.key}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict."""

@@ -84,6 +84,13 @@ def shape_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
     return [replace(item, predicted_hits=float(counts[k])) for k, item in shapes.items()]
 
 
+def _max_tokens(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:  # not logged: vLLM's completions default
+        return 16
+
+
 def _deterministic(row: Mapping[str, object]) -> bool:
     temperature = row.get("temperature")
     try:
@@ -96,14 +103,16 @@ def response_items(
     records: pd.DataFrame, model: str | None, min_count: int = 2, kind: str = "response"
 ) -> list[WarmItem]:
     """Prompts asked at least ``min_count`` times with greedy sampling: their answers (or, with
-    ``kind='embedding'``, their embeddings) can be cached under a versioned key."""
+    ``kind='embedding'``, their embeddings) can be cached under a versioned key. The key's
+    parameters are ``{"temperature": 0.0, "max_tokens": <as requested>}``, so a client asking
+    the same way finds the entry (:func:`pipeline.keys.response_key`)."""
     counts: Counter[tuple[str, str, str, int]] = Counter()
     for row in records.to_dict("records"):
         prompt = row.get("prompt")
         if isinstance(prompt, str) and prompt and _deterministic(row):
             template = str(row.get("template") or "none")
             tenant = str(row.get("tenant") or "default")
-            counts[(prompt, template, tenant, _bucket(row.get("max_tokens"), OUTPUT_BUCKETS))] += 1
+            counts[(prompt, template, tenant, _max_tokens(row.get("max_tokens")))] += 1
     items = []
     for (prompt, template, tenant, max_tokens), n in counts.items():
         if n < min_count:

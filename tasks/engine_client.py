@@ -99,10 +99,11 @@ class EngineClient:
     def complete(self, item: WarmItem, max_tokens: int = 1, logprobs: bool = False) -> Completion:
         """One request for ``item``'s prompt, through the chat route when it has messages."""
         payload: dict[str, Any] = {
+            **item.params,
+            # set last: a plan's fields never override the model, length or greedy sampling
             "model": item.adapter or self.engine.model,
             "max_tokens": max_tokens,
             "temperature": 0.0,
-            **item.params,
         }
         chat = item.messages is not None
         if chat:
@@ -124,10 +125,10 @@ class EngineClient:
         """
         first = items[0]
         payload: dict[str, Any] = {
+            **first.params,
             "model": first.adapter or self.engine.model,
             "max_tokens": max_tokens,
             "temperature": 0.0,
-            **first.params,
             "prompt": [item.text for item in items],
         }
         started = time.perf_counter()

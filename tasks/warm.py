@@ -41,7 +41,7 @@ from tasks.plan_store import PlanStore
 from tasks.settings import Settings, current_settings
 from tasks.targets.base import WarmOptions
 from tasks.wal_store import LeaseLost, WalStore
-from tasks.warm_batch import BatchBusy, BatchRunner
+from tasks.warm_batch import BatchRunner
 
 
 @lru_cache(maxsize=4)
@@ -139,7 +139,7 @@ def run_batch(self: Any, plan_id: str, batch: int) -> dict[str, Any]:
     """Run one batch of a stored plan as one WAL transaction; idempotent by (plan, batch)."""
     try:
         return _runner().run(plan_id, batch)
-    except (BatchBusy, LeaseLost, redis.ConnectionError, redis.TimeoutError) as exc:
+    except (TransientError, LeaseLost, redis.ConnectionError, redis.TimeoutError) as exc:
         # Long enough for a dead attempt's lease to run out and the sweep to roll it back.
         raise self.retry(exc=exc, countdown=3 * current_settings().wal_lease_s) from exc
 

@@ -28,7 +28,8 @@ def adapter_paths(configured: Sequence[str]) -> dict[str, str]:
 
 
 def _name(item: WarmItem) -> str:
-    return item.adapter or item.key
+    # An item may carry a configured entry as is ("name=path"): the name is what is loaded.
+    return (item.adapter or item.key).partition("=")[0].strip()
 
 
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:

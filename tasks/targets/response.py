@@ -26,10 +26,15 @@ def _checked_key(item: WarmItem, result: ItemResult) -> str | None:
         return None
 
 
+def _max_tokens(item: WarmItem, ctx: BatchContext) -> int:
+    """The answer length the key was made for, else the options' default."""
+    return int(item.params.get("max_tokens", ctx.options.response_max_tokens))
+
+
 def _generate(item: WarmItem, result: ItemResult, ctx: BatchContext) -> None:
     options = ctx.options
     try:
-        done = ctx.engine.complete(item, max_tokens=options.response_max_tokens, logprobs=True)
+        done = ctx.engine.complete(item, max_tokens=_max_tokens(item, ctx), logprobs=True)
     except PrewarmError as exc:
         result.fail(str(exc))
         return
@@ -72,9 +77,7 @@ def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchC
         try:
             # The identical request: asking for log-probabilities must not change a greedy answer,
             # but an engine may differ there (the simulator does), so compare like with like.
-            again = ctx.engine.complete(
-                item, max_tokens=ctx.options.response_max_tokens, logprobs=True
-            )
+            again = ctx.engine.complete(item, max_tokens=_max_tokens(item, ctx), logprobs=True)
         except PrewarmError as exc:
             result.fail(f"re-check: {exc}")
             continue

@@ -93,3 +93,9 @@ def test_cache_salt_only_with_tenant_isolation():
     assert "cache_salt" not in plan.items[0].params
     salted = with_cache_salt(plan, isolate_tenants=True)
     assert salted.items[0].params["cache_salt"] == "acme"
+
+
+def test_a_plan_cannot_smuggle_request_fields():
+    with pytest.raises(BadInputError, match="unknown request fields"):
+        WarmItem("prefix", "k", "m", text="t", params={"model": "other", "api_base": "http://x"})
+    assert WarmItem("prefix", "k", "m", text="t", params={"cache_salt": "a"}).params
