@@ -93,7 +93,9 @@ def test_committed_entries_survive_a_redis_crash_mid_plan(
         sim.engine.config.faults.delay_s = 0.03
         items = [response_item(n, "aof2") for n in range(16)]
         second = submit_plan(plan_of(items, batch_size=2), settings=settings, queue=queue)
+        deadline = time.monotonic() + 60
         while plan_report(second, settings=settings)["committed"] < 2:
+            assert time.monotonic() < deadline, "the second plan never got going"
             time.sleep(0.01)
         done_before = {r["batch"] for r in batch_results(second, settings=settings)}
         aof_redis.crash()
