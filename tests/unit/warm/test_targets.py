@@ -108,3 +108,24 @@ def test_embeddings_are_stored_and_found_by_similarity(store):
     assert hit is not None and hit.value["text"] == "refund policy" and hit.similarity > 0.99
     assert cache.semantic([0.5, 0.5, 0.0], tenant="acme", model="m", threshold=0.9) is None
     assert cache.semantic([1.0, 0.0, 0.1], tenant="other", model="m") is None
+
+
+@pytest.mark.parametrize(("probe_s", "ok"), [(0.0, True), (0.3, False)])
+def test_without_cached_tokens_a_prefix_must_answer_faster_after_priming(probe_s, ok):
+    from tasks.targets import apply_items, verify_items
+
+    delays = [0.3, probe_s]
+
+    def llamacpp(request):  # reports no cached_tokens, as llama.cpp's server does
+        import time
+
+        time.sleep(delays.pop(0))
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"prompt_tokens": 9}})
+
+    engine = EngineSettings(name="l", url="http://engine.test", model="m", kind="llamacpp")
+    client = EngineClient(engine, retry=FAST, transport=httpx.MockTransport(llamacpp))
+    ctx = BatchContext(None, client, WarmOptions(ttft_drop=0.3))  # type: ignore[arg-type]
+    items = [_item("a")]
+    results = apply_items(items, ctx)
+    verify_items(items, results, ctx)
+    assert results[0].ok is ok
