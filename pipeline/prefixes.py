@@ -45,6 +45,12 @@ class SharedPrefix:
     count: int = 0
     windows: Counter[int] = field(default_factory=Counter)
     last_ts: float = 0.0
+    profiles: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def profile(self) -> str | None:
+        """The workload profile most of its requests belong to (records' ``profile`` column)."""
+        return self.profiles.most_common(1)[0][0] if self.profiles else None
 
 
 @dataclass
@@ -115,12 +121,14 @@ def detect_text_prefixes(
             node = nodes[(group, deepest)]
             prefix = SharedPrefix(deepest, *group, node.tokens, text=node.text)
             found[(group, deepest)] = prefix
-        _credit(prefix, row.get("ts"), window_s)
+        _credit(prefix, row.get("ts"), window_s, row.get("profile"))
     return sorted(found.values(), key=lambda p: (-p.count, p.key))
 
 
-def _credit(prefix: SharedPrefix, ts: Any, window_s: int) -> None:
+def _credit(prefix: SharedPrefix, ts: Any, window_s: int, profile: Any = None) -> None:
     window, seconds = _window(ts, window_s)
+    if _text(profile):
+        prefix.profiles[str(profile)] += 1
     prefix.count += 1
     prefix.windows[window] += 1
     prefix.last_ts = max(prefix.last_ts, seconds)
@@ -153,7 +161,7 @@ def detect_chat_prefixes(
         key = "m" + stable_hash(canonical_json(list(lead)))
         tokens = sum(count_tokens(m["content"]) for m in lead)
         prefix = found.setdefault((group, key), SharedPrefix(key, *group, tokens, messages=lead))
-        _credit(prefix, row.get("ts"), window_s)
+        _credit(prefix, row.get("ts"), window_s, row.get("profile"))
     return sorted((p for p in found.values() if p.count >= min_count), key=lambda p: -p.count)
 
 
@@ -208,6 +216,7 @@ def prefix_items(
                 endpoint="chat" if p.messages is not None else "completions",
                 predicted_hits=hits,
                 params=params,
+                profile=p.profile,
                 next_use_s=window_s / hits if hits > 0 else None,
             )
         )

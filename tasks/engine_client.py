@@ -105,6 +105,7 @@ class EngineClient:
             "max_tokens": max_tokens,
             "temperature": 0.0,
         }
+        self._salt(payload, item)
         chat = item.messages is not None
         if chat:
             payload["messages"] = [dict(m) for m in item.messages or ()]
@@ -131,9 +132,16 @@ class EngineClient:
             "temperature": 0.0,
             "prompt": [item.text for item in items],
         }
+        self._salt(payload, first)
         started = time.perf_counter()
         body = self.post("/v1/completions", payload).json()
         return _completion(body, time.perf_counter() - started, chat=False)
+
+    def _salt(self, payload: dict[str, Any], item: WarmItem) -> None:
+        """With tenant isolation, every request carries its tenant's ``cache_salt`` — also for
+        plans that were not built with :func:`pipeline.plan.with_cache_salt`."""
+        if self.engine.tenant_isolation:
+            payload.setdefault("cache_salt", item.tenant)
 
     def loaded_models(self) -> set[str]:
         """Model ids the engine serves now (base model and loaded adapters)."""

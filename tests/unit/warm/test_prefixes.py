@@ -77,3 +77,11 @@ def test_rendered_chat_prompts_skip_the_second_bos():
     frame["endpoint"] = "/v1/chat/completions"  # as vLLM's request ids name it
     item = prefix_items(detect_prefixes(frame))[0]
     assert item.endpoint == "completions" and item.params == {"add_special_tokens": False}
+
+
+def test_prefixes_carry_the_workload_profile_of_their_requests():
+    prompts = [SYSTEM + f"q{n} " * 3 for n in range(5)] + [OTHER + f"t{n} " * 3 for n in range(2)]
+    frame = _records(prompts)
+    frame["profile"] = ["chat"] * 4 + ["batch"] + ["batch"] * 2
+    items = {i.text[:10]: i for i in prefix_items(detect_prefixes(frame))}
+    assert items[SYSTEM[:10]].profile == "chat" and items[OTHER[:10]].profile == "batch"

@@ -129,3 +129,18 @@ def test_without_cached_tokens_a_prefix_must_answer_faster_after_priming(probe_s
     results = apply_items(items, ctx)
     verify_items(items, results, ctx)
     assert results[0].ok is ok
+
+
+def test_tenant_isolation_salts_every_request():
+    bodies = []
+
+    def engine(request):
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {}})
+
+    isolated = EngineSettings(name="e", url="http://engine.test", model="m", tenant_isolation=True)
+    client = EngineClient(isolated, retry=FAST, transport=httpx.MockTransport(engine))
+    client.complete(_item("a", tenant="acme"))
+    client.complete_many([_item("b", tenant="zeta"), _item("c", tenant="zeta")])
+    _client(engine).complete(_item("d", tenant="acme"))
+    assert [b.get("cache_salt") for b in bodies] == ["acme", "zeta", None]
