@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.ingest.chunk import METRIC_FIELDS
 from pipeline.ingest.options import IngestOptions
@@ -37,7 +39,7 @@ from pipeline.ingest.sinks import MemorySink, ParquetSink, combine_counts
 from pipeline.ingest.state import IngestState
 from pipeline.ingest.summary import FileSummary
 from pipeline.records import records_frame
-from pipeline.windows import empty_counts, window_features
+from pipeline.windows import window_features
 
 __all__ = [
     "FileSummary",
@@ -107,6 +109,34 @@ def windows_result(
     return pd.concat([features, rare], ignore_index=True)
 
 
+def write_windows(counts: pd.DataFrame, path: Path, options: IngestOptions) -> int:
+    """``windows.parquet`` as :func:`windows_result` makes it, without holding both halves:
+    the featured rows of frequent items, then the count rows of rare ones; returns the rows."""
+    totals = counts.groupby(["item_kind", "item_key"], observed=True)["requests"].transform("sum")
+    rare_mask = (totals < options.min_item_requests).to_numpy()
+    del totals
+    if counts.empty or rare_mask.all():
+        counts.to_parquet(path, index=False)
+        return len(counts)
+    features = windows_result(counts[~rare_mask], options.window)
+    assert features is not None  # counts[~rare_mask] is not empty
+    table = pa.Table.from_pandas(features, preserve_index=False)
+    rows = table.num_rows
+    del features
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table)
+        if rare_mask.any():
+            rare = pa.Table.from_pandas(counts[rare_mask], preserve_index=False)
+            for name in table.schema.names:  # rare rows: features missing
+                if name not in rare.schema.names:
+                    rare = rare.append_column(
+                        name, pa.nulls(rare.num_rows, table.schema.field(name).type)
+                    )
+            writer.write_table(rare.select(table.schema.names).cast(table.schema))
+            rows += rare.num_rows
+    return rows
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     options: IngestOptions | None = None,
@@ -147,17 +177,13 @@ def ingest_to_dir(
     counts = combine_counts(sink.counts)
     sink.counts.clear()
     counts.to_parquet(out / "counts.parquet", index=False)
-    windows = windows_result(counts, options.window, options.min_item_requests)
-    del counts
-    (windows if windows is not None else empty_counts()).to_parquet(
-        out / "windows.parquet", index=False
-    )
+    windows_rows = write_windows(counts, out / "windows.parquet", options)
     files = [s.to_dict() for s in summaries]
     return {
         "files": files,
         "records": sink.rows,
         "metrics": len(metrics),
-        "windows": 0 if windows is None else len(windows),
+        "windows": windows_rows,
         "rejected": sum(sum(f["rejected"].values()) for f in files),
         "out": str(out),
     }

@@ -16,14 +16,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.ingest import IngestOptions, metrics_result, windows_result
+from pipeline.ingest import IngestOptions, metrics_result, write_windows
 from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
 from pipeline.ingest.detect import detect_format
 from pipeline.ingest.parse import ChunkSpec, plan_chunks
 from pipeline.ingest.run import ChunkJob, FileAssembly, FilePlan, run_chunk
 from pipeline.ingest.sinks import ParquetSink, combine_counts
 from pipeline.ingest.state import identify
-from pipeline.windows import empty_counts
 
 
 def file_identity(path: str | Path) -> str:
@@ -100,8 +99,5 @@ def assemble_file(
     metrics_result(sink.metrics).to_parquet(out / "metrics.parquet", index=False)
     counts = combine_counts(sink.counts)
     counts.to_parquet(out / "counts.parquet", index=False)
-    windows = windows_result(counts, options.window, options.min_item_requests)
-    (windows if windows is not None else empty_counts()).to_parquet(
-        out / "windows.parquet", index=False
-    )
+    write_windows(counts, out / "windows.parquet", options)
     return {**summary.to_dict(), "out": str(out), "chunks": len(chunks)}

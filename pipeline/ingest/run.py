@@ -307,14 +307,20 @@ def run_ingest(
             for i, p in enumerate(plans)
         }
         total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
-        done = 0
-        for owner, result in zip(owners, _run_jobs(jobs, options.workers), strict=True):
+        done, last = 0, len(jobs) - 1
+        for n, (owner, result) in enumerate(
+            zip(owners, _run_jobs(jobs, options.workers), strict=True)
+        ):
             assemblies[owner].chunks.append(result)
             done += result.bytes_read
             if progress is not None:
                 progress(done, total)
-            if len(assemblies[owner].chunks) == len(plans[owner].chunks):
+            if len(assemblies[owner].chunks) == len(plans[owner].chunks) and n < last:
                 summaries[owner] = assemblies[owner].finish(sink)
+        # The file of the last chunk is assembled after the loop: the worker processes are
+        # gone by then, so their memory is not held while the parent assembles.
+        if jobs:
+            summaries[owners[last]] = assemblies[owners[last]].finish(sink)
     for i, plan in enumerate(plans):
         if i not in summaries:
             summaries[i] = _unknown_summary(plan, options)

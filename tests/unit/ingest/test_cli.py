@@ -32,7 +32,12 @@ def test_ingest_command_writes_parquet_and_json_summary(tmp_path, capsys):
     assert len(pd.read_parquet(out / "metrics.parquet")) == 1
     counts = pd.read_parquet(out / "counts.parquet")
     assert set(counts["item_kind"]) >= {"prefix", "prompt", "adapter"}
-    assert (out / "windows.parquet").exists()
+    windows = pd.read_parquet(out / "windows.parquet")
+    keys = ["item_kind", "item_key", "window_start", "requests"]
+    seen = windows.loc[windows["requests"] > 0, keys].sort_values(keys, ignore_index=True)
+    assert seen.equals(counts[keys].sort_values(keys, ignore_index=True))  # every count kept
+    frequent = windows[windows["lag_1"].notna()]
+    assert len(frequent) and (frequent.groupby("item_key")["requests"].sum() >= 2).all()
 
 
 def test_ingest_command_state_reads_only_new_lines(tmp_path, capsys):
