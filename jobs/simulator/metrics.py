@@ -62,6 +62,11 @@ class EngineMetrics:
             registry=self.registry,
         )
         start.set(time.time())
+        info = Gauge(
+            "prewarm_simulator_info", "1: these metrics come from the prewarm engine SIMULATOR.",
+            ("model_name",), registry=self.registry,
+        )  # fmt: skip
+        info.labels(model).set(1)
 
     def _counter(self, name: str, doc: str) -> Counter:
         return Counter(name, doc, _LABELS, registry=self.registry).labels(self.model, "0")

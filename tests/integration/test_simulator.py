@@ -124,6 +124,7 @@ def test_metrics_use_vllm_names_and_count_cached_tokens(sim):
     assert _metric(text, "vllm:time_to_first_token_seconds_count") == 3
     assert _metric(text, "vllm:num_requests_running") == 0
     assert _metric(text, "process_start_time_seconds") > 0
+    assert _metric(text, "prewarm_simulator_info") == 1
     assert "vllm:num_requests_waiting" in text and "vllm:prompt_tokens_total" in text
 
 
