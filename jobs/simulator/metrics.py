@@ -56,6 +56,10 @@ class EngineMetrics:
             "vllm:request_success", "Count of successfully processed requests.",
             (*_LABELS, "finished_reason"), registry=self.registry,
         )  # fmt: skip
+        self._identity()
+
+    def _identity(self) -> None:
+        """Start time (a restarted replica shows a new one) and the simulator's own marker."""
         start = Gauge(
             "process_start_time_seconds",
             "Start time of the (simulated) engine since unix epoch in seconds.",
@@ -66,7 +70,7 @@ class EngineMetrics:
             "prewarm_simulator_info", "1: these metrics come from the prewarm engine SIMULATOR.",
             ("model_name",), registry=self.registry,
         )  # fmt: skip
-        info.labels(model).set(1)
+        info.labels(self.model).set(1)
 
     def _counter(self, name: str, doc: str) -> Counter:
         return Counter(name, doc, _LABELS, registry=self.registry).labels(self.model, "0")
