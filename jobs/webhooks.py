@@ -81,7 +81,12 @@ def _normal(identity: str) -> str:
 
 @dataclass(frozen=True)
 class Forge:
-    """How one forge names its events, deliveries, signatures and repositories."""
+    """How one forge names its events, deliveries, signatures and repositories.
+
+    ``signature`` is how a delivery proves it knows the secret: ``hmac-prefixed``
+    (``sha256=<hex>``, GitHub), ``hmac`` (bare hex, Gitea) or ``token`` (the secret itself in a
+    header, GitLab). Every comparison is constant-time.
+    """
 
     name: str
     event_header: str
@@ -90,26 +95,23 @@ class Forge:
     ping_events: frozenset[str]
     repo_field: str
     name_fields: tuple[str, ...]
+    signature_header: str
+    signature: str
+
+    def _expected(self, secret: str, body: bytes) -> str:
+        if self.signature == "token":
+            return secret
+        digest = _hmac_hex(secret, body)
+        return f"sha256={digest}" if self.signature == "hmac-prefixed" else digest
 
     def signature_ok(self, headers: Any, body: bytes, secret: str) -> bool:
         """Whether the delivery is signed (or carries the token) for ``secret``."""
-        if self.name == "gitlab":
-            return hmac.compare_digest(headers.get("x-gitlab-token", "").encode(), secret.encode())
-        if self.name == "github":
-            expected = "sha256=" + _hmac_hex(secret, body)
-            return hmac.compare_digest(
-                headers.get("x-hub-signature-256", "").encode(), expected.encode()
-            )
-        return hmac.compare_digest(
-            headers.get("x-gitea-signature", "").encode(), _hmac_hex(secret, body).encode()
-        )
+        given = headers.get(self.signature_header, "").encode()
+        return hmac.compare_digest(given, self._expected(secret, body).encode())
 
     def has_signature(self, headers: Any) -> bool:
-        """Whether any signature or token header is present at all."""
-        header = {"github": "x-hub-signature-256", "gitlab": "x-gitlab-token"}.get(
-            self.name, "x-gitea-signature"
-        )
-        return bool(headers.get(header))
+        """Whether the signature or token header is present at all."""
+        return bool(headers.get(self.signature_header))
 
     def delivery(self, headers: Any) -> str:
         """The forge's delivery id ('' when it sends none; the body hash stands in)."""
@@ -134,15 +136,18 @@ class Forge:
 GITHUB = Forge(
     "github", "x-github-event", ("x-github-delivery",), frozenset({"push"}), frozenset({"ping"}),
     "repository", ("full_name", "clone_url", "ssh_url", "html_url", "git_url"),
+    "x-hub-signature-256", "hmac-prefixed",
 )  # fmt: skip
 GITLAB = Forge(
     "gitlab", "x-gitlab-event", ("x-gitlab-event-uuid", "x-gitlab-webhook-uuid"),
     frozenset({"Push Hook"}), frozenset(), "project",
     ("path_with_namespace", "web_url", "git_http_url", "git_ssh_url"),
+    "x-gitlab-token", "token",
 )  # fmt: skip
 GITEA = Forge(
     "gitea", "x-gitea-event", ("x-gitea-delivery",), frozenset({"push"}), frozenset(),
     "repository", ("full_name", "clone_url", "ssh_url", "html_url"),
+    "x-gitea-signature", "hmac",
 )  # fmt: skip
 
 

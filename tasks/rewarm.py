@@ -39,7 +39,6 @@ _SERVING = "prewarm:templates:{repo}:serving"
 _TXN = "prewarm:templates:{repo}:txn:{sha}"
 _HOTNESS = "prewarm:templates:{repo}:hotness"
 _TXN_TTL_S = 7 * 24 * 3600
-_GLOB_SPECIALS = str.maketrans({c: f"\\{c}" for c in "*?[]\\"})
 
 
 def _serving_value(template: Template) -> str:
@@ -92,15 +91,22 @@ def _record(store: redis.Redis, key: str, record: dict[str, Any], **changes: Any
 
 
 def retire_entries(store: redis.Redis, templates: Sequence[Template]) -> int:
-    """Delete every cache entry keyed with one of the retired versions; returns how many."""
-    deleted = 0
-    for template in templates:
-        part = safe_part(version_tag(template)).translate(_GLOB_SPECIALS)
-        pattern = f"{ROOT}:v*:t:*:*:*:{part}:*:*"
-        batch = list(store.scan_iter(match=pattern, count=1000))
-        if batch:
-            deleted += int(store.unlink(*batch))
-    return deleted
+    """Delete every cache entry keyed with one of the retired versions; returns how many.
+
+    One pass over the cache keys, whatever the number of retired versions: a key's template
+    part (``pw:v1:t:<tenant>:<kind>:<model>:<template>:…``) is looked up in the retired set.
+    """
+    if not templates:
+        return 0
+    retired = {safe_part(version_tag(t)) for t in templates}
+    deleted, batch = 0, []
+    for key in store.scan_iter(match=f"{ROOT}:v*:t:*", count=1000):
+        parts = _text(key).split(":")
+        if len(parts) == 9 and parts[6] in retired:
+            batch.append(key)
+        if len(batch) >= 500:
+            deleted, batch = deleted + int(store.unlink(*batch)), []
+    return deleted + (int(store.unlink(*batch)) if batch else 0)
 
 
 def _commit(store: redis.Redis, repo: str, sha: str, rewarm: RewarmSet, txn_key: str) -> None:

@@ -232,6 +232,7 @@ def test_rewarm_commits_new_versions_before_retiring_old(source, tmp_path, store
     source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
     _, _, plan = _diff(source, mirror, first)
     old_key = _old_entry(store, plan.retire[0])
+    kept_key = _old_entry(store, mirror.templates_at(first)["prompts/billing.j2"])
     seen_during_prime = []
 
     def prime(items):
@@ -245,7 +246,7 @@ def test_rewarm_commits_new_versions_before_retiring_old(source, tmp_path, store
         serving(store, "acme/prompts")["prompts/support.jinja"]["version"] == plan.warm[0].version
     )
     assert len(serving(store, "acme/prompts")) == 6
-    assert store.get(old_key) is None
+    assert store.get(old_key) is None and store.get(kept_key) is not None
     assert transaction(store, "acme/prompts", head)["state"] == "committed"
     assert last_sha(store, "acme/prompts") == head
 
