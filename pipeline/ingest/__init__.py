@@ -30,12 +30,20 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.ingest.chunk import METRIC_FIELDS
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.run import Progress, run_ingest
-from pipeline.ingest.sinks import MemorySink, ParquetSink, combine_counts
+from pipeline.ingest.sinks import (
+    COUNTS_SCHEMA,
+    MemorySink,
+    ParquetSink,
+    counts_frame_of,
+    sum_counts,
+    with_pandas_dtypes,
+)
 from pipeline.ingest.state import IngestState
 from pipeline.ingest.summary import FileSummary
 from pipeline.records import records_frame
@@ -109,32 +117,31 @@ def windows_result(
     return pd.concat([features, rare], ignore_index=True)
 
 
-def write_windows(counts: pd.DataFrame, path: Path, options: IngestOptions) -> int:
-    """``windows.parquet`` as :func:`windows_result` makes it, without holding both halves:
-    the featured rows of frequent items, then the count rows of rare ones; returns the rows."""
-    totals = counts.groupby(["item_kind", "item_key"], observed=True)["requests"].transform("sum")
-    rare_mask = (totals < options.min_item_requests).to_numpy()
-    del totals
-    if counts.empty or rare_mask.all():
-        counts.to_parquet(path, index=False)
-        return len(counts)
-    features = windows_result(counts[~rare_mask], options.window)
-    assert features is not None  # counts[~rare_mask] is not empty
+def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
+    """``windows.parquet`` as :func:`windows_result` makes it, in bounded memory: the
+    featured rows of frequent items (pandas), then the count rows of rare ones (Arrow, never
+    converted); returns the rows written."""
+    keys = ["item_kind", "item_key"]
+    totals = counts.group_by(keys).aggregate([("requests", "sum")])
+    frequent_keys = totals.filter(pc.field("requests_sum") >= options.min_item_requests)
+    frequent_keys = frequent_keys.select(keys)
+    frequent = counts.join(frequent_keys, keys, join_type="inner")
+    rare = counts.join(frequent_keys, keys, join_type="left anti")
+    if frequent.num_rows == 0:
+        pq.write_table(with_pandas_dtypes(rare.cast(COUNTS_SCHEMA)), path)
+        return rare.num_rows
+    features = windows_result(counts_frame_of(frequent.select(COUNTS_SCHEMA.names)), options.window)
     table = pa.Table.from_pandas(features, preserve_index=False)
-    rows = table.num_rows
-    del features
+    del features, frequent
     with pq.ParquetWriter(path, table.schema) as writer:
         writer.write_table(table)
-        if rare_mask.any():
-            rare = pa.Table.from_pandas(counts[rare_mask], preserve_index=False)
+        if rare.num_rows:
             for name in table.schema.names:  # rare rows: features missing
                 if name not in rare.schema.names:
-                    rare = rare.append_column(
-                        name, pa.nulls(rare.num_rows, table.schema.field(name).type)
-                    )
+                    field = table.schema.field(name)
+                    rare = rare.append_column(name, pa.nulls(rare.num_rows, field.type))
             writer.write_table(rare.select(table.schema.names).cast(table.schema))
-            rows += rare.num_rows
-    return rows
+    return table.num_rows + rare.num_rows
 
 
 def ingest_paths(
@@ -149,7 +156,7 @@ def ingest_paths(
     summaries = run_ingest(paths, options, sink, state, progress)
     records = pd.concat(sink.records, ignore_index=True) if sink.records else records_frame([])
     records = records.sort_values("ts", kind="stable", ignore_index=True)
-    counts = combine_counts(sink.counts)
+    counts = counts_frame_of(sum_counts(sink.counts))
     windows = windows_result(counts, options.window, options.min_item_requests)
     return IngestResult(records, metrics_result(sink.metrics), windows, summaries, counts)
 
@@ -174,9 +181,9 @@ def ingest_to_dir(
         sink.close()
     metrics = metrics_result(sink.metrics)
     metrics.to_parquet(out / "metrics.parquet", index=False)
-    counts = combine_counts(sink.counts)
+    counts = sum_counts(sink.counts)
     sink.counts.clear()
-    counts.to_parquet(out / "counts.parquet", index=False)
+    pq.write_table(with_pandas_dtypes(counts), out / "counts.parquet")
     windows_rows = write_windows(counts, out / "windows.parquet", options)
     files = [s.to_dict() for s in summaries]
     return {

@@ -56,14 +56,51 @@ def read_records(path: str | Path) -> pd.DataFrame:
     return conform_records(frame)
 
 
+COUNT_KEYS = ["item_kind", "item_key", "window_start"]
+COUNT_VALUES = ["requests", "prompt_tokens", "output_tokens"]
+COUNTS_SCHEMA = pa.schema(
+    [("item_kind", pa.string()), ("item_key", pa.string()),
+     ("window_start", pa.timestamp("us", tz="UTC")), ("requests", pa.int64()),
+     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64())]
+)  # fmt: skip
+
+
+def with_pandas_dtypes(table: pa.Table) -> pa.Table:
+    """``table`` with the pandas metadata of the counts shape, so ``pd.read_parquet`` gives
+    ``string`` (not ``object``) columns back."""
+    metadata = pa.Table.from_pandas(empty_counts(), preserve_index=False).schema.metadata
+    return table.replace_schema_metadata(metadata)
+
+
+def counts_table(frame: pd.DataFrame) -> pa.Table:
+    """A counts frame as Arrow (strings cost ~10 bytes a row there, ~70 as Python objects)."""
+    columns = [*COUNT_KEYS, *COUNT_VALUES]
+    return pa.Table.from_pandas(frame[columns], schema=COUNTS_SCHEMA, preserve_index=False)
+
+
+def sum_counts(tables: list[pa.Table]) -> pa.Table:
+    """Sum counts tables of several chunks (same item and window: values added), sorted."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return COUNTS_SCHEMA.empty_table()
+    grouped = (
+        pa.concat_tables(tables).group_by(COUNT_KEYS).aggregate([(c, "sum") for c in COUNT_VALUES])
+    )
+    grouped = grouped.rename_columns([n.removesuffix("_sum") for n in grouped.column_names])
+    ordered = grouped.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
+    return ordered.sort_by([(k, "ascending") for k in COUNT_KEYS])
+
+
+def counts_frame_of(table: pa.Table) -> pd.DataFrame:
+    """A counts table back as a counts-shape DataFrame."""
+    if table.num_rows == 0:
+        return empty_counts()
+    return table.to_pandas().astype(COUNT_DTYPES)
+
+
 def combine_counts(parts: list[pd.DataFrame]) -> pd.DataFrame:
     """Sum counts frames of several chunks into one counts frame."""
-    parts = [p for p in parts if not p.empty]
-    if not parts:
-        return empty_counts()
-    keys = ["item_kind", "item_key", "window_start"]
-    merged = pd.concat(parts, ignore_index=True).groupby(keys, observed=True, sort=True).sum()
-    return merged.reset_index().astype(COUNT_DTYPES)
+    return counts_frame_of(sum_counts([counts_table(p) for p in parts if not p.empty]))
 
 
 class MemorySink:
@@ -73,7 +110,7 @@ class MemorySink:
         self.window = window
         self.records: list[pd.DataFrame] = []
         self.metrics: list[pd.DataFrame] = []
-        self.counts: list[pd.DataFrame] = []
+        self.counts: list[pa.Table] = []
 
     def add_records(self, frame: pd.DataFrame) -> None:
         """One finished chunk of records (canonical columns)."""
@@ -89,9 +126,9 @@ class MemorySink:
     def add_counts(self, frame: pd.DataFrame) -> None:
         """Counts of one chunk (or counts that come as such: ServeGen series)."""
         if not frame.empty:
-            self.counts.append(frame)
-        if len(self.counts) >= COMBINE_EVERY:  # keep one summed frame, not one per chunk
-            self.counts = [combine_counts(self.counts)]
+            self.counts.append(counts_table(frame))
+        if len(self.counts) >= COMBINE_EVERY:  # keep one summed table, not one per chunk
+            self.counts = [sum_counts(self.counts)]
 
 
 class ParquetSink(MemorySink):

@@ -31,11 +31,12 @@ def test_ingest_command_writes_parquet_and_json_summary(tmp_path, capsys):
     assert isinstance(records.dropna(subset=["prompt"])["prefix_hashes"].iloc[0], list)
     assert len(pd.read_parquet(out / "metrics.parquet")) == 1
     counts = pd.read_parquet(out / "counts.parquet")
+    assert str(counts["item_key"].dtype) == "string"  # the counts shape's dtypes survive
     assert set(counts["item_kind"]) >= {"prefix", "prompt", "adapter"}
     windows = pd.read_parquet(out / "windows.parquet")
     keys = ["item_kind", "item_key", "window_start", "requests"]
     seen = windows.loc[windows["requests"] > 0, keys].sort_values(keys, ignore_index=True)
-    assert seen.equals(counts[keys].sort_values(keys, ignore_index=True))  # every count kept
+    pd.testing.assert_frame_equal(seen, counts[keys].sort_values(keys, ignore_index=True))
     frequent = windows[windows["lag_1"].notna()]
     assert len(frequent) and (frequent.groupby("item_key")["requests"].sum() >= 2).all()
 
