@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.engines.client import PATHS, Served, prime_template, stream
+from benchmarks.engines.client import PATHS, prime_template, stream
 from benchmarks.engines.workload import Template, Workload
 
 
@@ -33,33 +33,30 @@ class WarmContext:
     block_tokens: int
 
 
-WarmUp = Callable[[WarmContext], list[Served]]
+#: A warm-up arm: warms the engine of ``ctx`` and returns how many requests it sent.
+WarmUp = Callable[[WarmContext], int]
 
 
-def no_warmup(ctx: WarmContext) -> list[Served]:
+def no_warmup(ctx: WarmContext) -> int:
     """The control: nothing is sent before the traffic."""
-    return []
+    return 0
 
 
-def prime_all_seen(ctx: WarmContext) -> list[Served]:
+def prime_all_seen(ctx: WarmContext) -> int:
     """Prime every template of the history once, in first-seen order."""
     order = list(dict.fromkeys(r.template for r in ctx.workload.history))
     templates = ctx.workload.templates
     with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
-        return [prime_template(client, templates[i], ctx.model) for i in order]
+        return len([prime_template(client, templates[i], ctx.model) for i in order])
 
 
-def resend_logged(ctx: WarmContext) -> list[Served]:
+def resend_logged(ctx: WarmContext) -> int:
     """Send every history request again, in order, with ``max_tokens=1``."""
     w = ctx.workload
     with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
-        served = []
         for request in w.history:
-            ttft, usage = stream(
-                client, PATHS[request.endpoint], request.body(w.templates, ctx.model, 1)
-            )
-            served.append(Served(request.template, ttft, int(usage.get("prompt_tokens", 0)), 0))
-        return served
+            stream(client, PATHS[request.endpoint], request.body(w.templates, ctx.model, 1))
+    return len(w.history)
 
 
 def template_blocks(client: httpx.Client, template: Template, model: str, block: int) -> int:
@@ -89,11 +86,13 @@ def oracle_order(ctx: WarmContext, client: httpx.Client) -> list[int]:
     return chosen[::-1]
 
 
-def oracle(ctx: WarmContext) -> list[Served]:
+def oracle(ctx: WarmContext) -> int:
     """Prime what the future needs first, within capacity, soonest-needed last."""
     with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
         order = oracle_order(ctx, client)
-        return [prime_template(client, ctx.workload.templates[i], ctx.model) for i in order]
+        for index in order:
+            prime_template(client, ctx.workload.templates[index], ctx.model)
+    return len(order)
 
 
 REFERENCES: dict[str, WarmUp] = {

@@ -68,6 +68,7 @@ class ArmResult:
     first_use_hits: int
     first_use_ttft_median_s: float
     first_use_ttft_s: list[float]
+    first_use_hit_flags: list[bool]
     all_hits: int
     all_requests: int
     warm_requests: int
@@ -99,6 +100,7 @@ def summarize(arm: str, served: list[Served], workload: Workload, **extra) -> Ar
         first_use_hits=sum(s.hit for s in firsts),
         first_use_ttft_median_s=round(statistics.median(ttfts), 4),
         first_use_ttft_s=[round(t, 4) for t in ttfts],
+        first_use_hit_flags=[s.hit for s in firsts],
         all_hits=sum(s.hit for s in served),
         all_requests=len(served),
         **extra,
@@ -139,13 +141,13 @@ class Harness:
         ready_s = server.start()
         try:
             started = time.monotonic()
-            warmed = warm(self.context(server.url))
+            warm_requests = warm(self.context(server.url))
             warm_s = time.monotonic() - started
             served = replay(server.url, self.workload.future, self.workload.templates, SERVED_NAME)
         finally:
             server.stop()
         return summarize(
-            arm, served, self.workload, warm_requests=len(warmed), warm_s=round(warm_s, 2),
+            arm, served, self.workload, warm_requests=warm_requests, warm_s=round(warm_s, 2),
             ready_s=round(ready_s, 1), load=load_average(),
         )  # fmt: skip
 

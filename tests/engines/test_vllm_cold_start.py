@@ -5,17 +5,24 @@ Marked ``vllm``: not part of the default suite. Run it with
 venv (``PREWARM_VLLM_PYTHON``) and the locally built model (``PREWARM_VLLM_MODEL``); without
 them it skips with the reason. Takes 3-5 minutes (three engine starts).
 
-Hits are read from ``usage.prompt_tokens_details.cached_tokens`` (exact); timings are left to
+Every template the history used at least four times must be served from cache on its first
+use; the control (no warm-up) serves none. Hits are read from
+``usage.prompt_tokens_details.cached_tokens`` (exact); timings are left to
 ``benchmarks/engines/vllm_cold_start.py``.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
 from benchmarks.engines.engine import missing_prerequisites
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1800)]
+#: History uses from which a template counts as hot (a frequency forecast of 4 uses in one or two
+#: windows stays above one predicted hit, so warming it always pays).
+HOT_USES = 4
 
 
 @pytest.fixture
@@ -36,5 +43,11 @@ def test_prewarm_serves_first_uses_from_cache_after_restart(engine_ready, tmp_pa
     # The control: a restarted engine has nothing cached for any template's first request.
     assert arms["none"]["first_uses"] > 0
     assert arms["none"]["first_use_hits"] == 0
-    prewarm = arms["prewarm"]
-    assert prewarm["first_use_hits"] >= 0.9 * prewarm["first_uses"], prewarm
+    # Templates the history used often must be warm on first use. Rarely used ones (1-3 uses)
+    # may be scored out by the plan (warming costs a prefill); the benchmark measures that part.
+    used = Counter(request.template for request in workload.history)
+    firsts = [workload.future[p].template for p in workload.first_uses()]
+    hot = [n for n, template in enumerate(firsts) if used[template] >= HOT_USES]
+    hits = arms["prewarm"]["first_use_hit_flags"]
+    assert hot, "the workload has no hot template in both history and future"
+    assert [hits[n] for n in hot] == [True] * len(hot), arms["prewarm"]
