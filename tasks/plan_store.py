@@ -26,6 +26,10 @@ from tasks.targets.base import WarmOptions
 from tasks.wal_store import as_text
 
 PLAN_TTL_S = 7 * 24 * 3600
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 COUNTERS = ("batches_done", "committed", "rolled_back", "items_ok", "items_failed")
 
 
@@ -38,6 +42,7 @@ class PlanStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
+        self._release = client.register_script(_RELEASE)
 
     def save(self, plan: WarmPlan, engine: str, options: WarmOptions) -> int:
         """Store ``plan`` for ``engine``; returns its number of batches."""
@@ -100,11 +105,16 @@ class PlanStore:
     def renew_claim(self, plan_id: str, batch: int, lease_s: float) -> None:
         self.r.pexpire(_k(plan_id, f"claim:{batch}"), int(lease_s * 1000))
 
-    def release(self, plan_id: str, batch: int) -> None:
-        self.r.delete(_k(plan_id, f"claim:{batch}"))
+    def release(self, plan_id: str, batch: int, owner: str) -> None:
+        """Give the claim up — only if it is still ``owner``'s (it may have expired and been
+        taken by another worker meanwhile)."""
+        self._release(keys=[_k(plan_id, f"claim:{batch}")], args=[owner])
 
-    def set_txn(self, plan_id: str, batch: int, txn_id: str) -> None:
-        self.r.hset(_k(plan_id, "txn"), str(batch), txn_id)
+    def set_txn(
+        self, plan_id: str, batch: int, txn_id: str, pipe: redis.client.Pipeline | None = None
+    ) -> None:
+        """Note ``txn_id`` as the batch's latest transaction (on ``pipe`` when given)."""
+        (pipe or self.r).hset(_k(plan_id, "txn"), str(batch), txn_id)
 
     def txn(self, plan_id: str, batch: int) -> str | None:
         raw = self.r.hget(_k(plan_id, "txn"), str(batch))

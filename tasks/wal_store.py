@@ -100,8 +100,16 @@ class WalStore:
         self._record = client.register_script(_RECORD)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def begin(self, plan_id: str, batch: int, engine: str, owner: str | None = None) -> Transaction:
-        """Open a transaction with a fresh lease; its id is unique per attempt."""
+    def begin(
+        self,
+        plan_id: str,
+        batch: int,
+        engine: str,
+        owner: str | None = None,
+        extra: Callable[[redis.client.Pipeline, str], None] | None = None,
+    ) -> Transaction:
+        """Open a transaction with a fresh lease; its id is unique per attempt. ``extra`` adds
+        writes (given the new id) to the same ``MULTI``."""
         txn = Transaction(uuid.uuid4().hex[:16], plan_id, batch, engine)
         fields = {
             "state": txn.state.value, "plan_id": plan_id, "batch": batch, "engine": engine,
@@ -110,6 +118,8 @@ class WalStore:
         with self.r.pipeline() as pipe:
             pipe.hset(txn_key(txn.txn_id), mapping={k: str(v) for k, v in fields.items()})
             pipe.zadd(ACTIVE, {txn.txn_id: time.time() + self.lease_s})
+            if extra is not None:
+                extra(pipe, txn.txn_id)
             pipe.execute()
         return txn
 
@@ -302,7 +312,10 @@ class WalStore:
                 continue
             engine = as_text(self.r.hget(txn_key(txn_id), "engine") or b"")
             undo = engine_undo_for(engine) if engine_undo_for else None
-            self.rollback(txn_id, me, undo)
+            try:
+                self.rollback(txn_id, me, undo)
+            except LeaseLost:
+                continue  # another recoverer took it over after our lease ran out; it finishes
             swept.append(txn_id)
         return swept
 

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,23 +44,23 @@ def engine_client(engine: EngineSettings, options: WarmOptions) -> EngineClient:
 
 
 class _Keeper(threading.Thread):
-    """Renews the lease, the claim and the semaphore slot every third of the lease."""
+    """Renews the claim, the semaphore slot and the lease every third of the lease."""
 
-    def __init__(self, renewals: Sequence[Any], period_s: float) -> None:
+    def __init__(self, renewals: list[Callable[[], object]], period_s: float) -> None:
         super().__init__(daemon=True, name="prewarm-lease")
         self.renewals, self.period_s = renewals, period_s
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.period_s):
-            for renew in self.renewals:
+            for renew in list(self.renewals):
                 # A failed renewal is retried next period; an expired lease is the sweep's job.
                 with contextlib.suppress(redis.RedisError):
                     renew()
 
 
 @contextmanager
-def _kept_alive(*renewals: Any, period_s: float) -> Iterator[None]:
+def _kept_alive(renewals: list[Callable[[], object]], period_s: float) -> Iterator[None]:
     keeper = _Keeper(renewals, period_s)
     keeper.start()
     try:
@@ -127,7 +127,7 @@ class BatchRunner:
         try:
             return self._run_claimed(plan_id, batch, items, engine, options, owner)
         finally:
-            self.plans.release(plan_id, batch)
+            self.plans.release(plan_id, batch, owner)
 
     def _claim(self, plan_id: str, batch: int, owner: str) -> None:
         if not self.plans.claim(plan_id, batch, owner, self.settings.wal_lease_s):
@@ -138,7 +138,7 @@ class BatchRunner:
 
     def _recover_previous(self, plan_id: str, batch: int, txn_id: str, owner: str) -> None:
         if not self.wal.take_over(txn_id, owner):
-            self.plans.release(plan_id, batch)
+            self.plans.release(plan_id, batch, owner)
             raise BatchBusy(f"plan {plan_id} batch {batch}: previous attempt still holds its lease")
         engine = self.settings.engine(
             as_text(self.store.hget(f"pw:wal:txn:{txn_id}", "engine") or b"")
@@ -165,20 +165,26 @@ class BatchRunner:
         )
         self.plans.count_run(plan_id, batch)
         ctx.requests_at_start = client.requests
-        with semaphore.slot(wait_s=max(60.0, self.settings.wal_lease_s), holder=owner):
+        lease = self.settings.wal_lease_s
+        # The claim is kept alive from the start (waiting for a slot may outlast a lease);
+        # the slot and the transaction join the renewals once they exist.
+        renewals: list[Callable[[], object]] = [
+            lambda: self.plans.renew_claim(plan_id, batch, lease)
+        ]
+        with (
+            _kept_alive(renewals, period_s=lease / 3),
+            semaphore.slot(wait_s=max(60.0, lease), holder=owner),
+        ):
+            renewals.append(lambda: semaphore.renew(owner))
             if not options.use_wal:
                 return self._run_plain(plan_id, batch, items, ctx, started)
-            txn = self.wal.begin(plan_id, batch, engine.name, owner)
-            self.plans.set_txn(plan_id, batch, txn.txn_id)
+            txn = self.wal.begin(
+                plan_id, batch, engine.name, owner,
+                extra=lambda pipe, txn_id: self.plans.set_txn(plan_id, batch, txn_id, pipe),
+            )  # fmt: skip
             ctx.wal, ctx.txn_id, ctx.owner = self.wal, txn.txn_id, owner
-            period = self.settings.wal_lease_s / 3
-            with _kept_alive(
-                lambda: self.wal.renew(txn.txn_id, owner),
-                lambda: semaphore.renew(owner),
-                lambda: self.plans.renew_claim(plan_id, batch, self.settings.wal_lease_s),
-                period_s=period,
-            ):
-                return self._transaction(plan_id, batch, items, ctx, started)
+            renewals.append(lambda: self.wal.renew(txn.txn_id, owner))
+            return self._transaction(plan_id, batch, items, ctx, started)
 
     def _run_plain(
         self, plan_id: str, batch: int, items: Sequence[WarmItem], ctx: BatchContext, started: float

@@ -65,6 +65,12 @@ def _wait_expired(wal: WalStore, txn: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def _wait_final(wal: WalStore, txn: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and wal.state(txn) not in FINAL_STATES:
+        time.sleep(0.02)
+
+
 def _one_round(n, sim, store, settings, queue, rng) -> str:
     items = [response_item(i, f"kill{n}") for i in range(4)] + [adapter_item(f"lora-{n + 1}")]
     keys = [item.key for item in items[:4]]
@@ -81,6 +87,7 @@ def _one_round(n, sim, store, settings, queue, rng) -> str:
     os.kill(pid, signal.SIGKILL)
     _wait_expired(wal, txn)
     recover(settings=settings)
+    _wait_final(wal, txn)  # the sweep, or a redelivery that found the lease expired first
     snapshot = _state(store, sim, keys, items[4].adapter)
     assert wal.state(txn) in FINAL_STATES
     if plans.txn(plan_id, 0) != txn:  # a redelivery already began again: judge it when done
