@@ -1,9 +1,10 @@
 """``prewarm evaluate``: walk-forward evaluation of the hotness models on a trace or log.
 
 ``prewarm evaluate PATH --window 5min --budget 100 [--budget 1000] [--json] [--plot FILE]``
-reads PATH (any log or trace ``prewarm ingest`` reads, a ServeGen folder, or a counts
-``windows.parquet``), counts item requests per window, and runs every baseline and the LightGBM
-forecaster walk-forward (see :mod:`pipeline.evaluation`). It prints, per budget and model: the
+reads PATH (any log or trace ``prewarm ingest`` reads, a ServeGen folder, a counts table
+``counts.parquet``/``windows.parquet`` or an ingest output folder holding one), counts item
+requests per window, and runs every baseline and the LightGBM forecaster walk-forward (see
+:mod:`pipeline.evaluation`). It prints, per budget and model: the
 captured share of next-window requests, its share of the history oracle and of the oracle, and
 the MAE of predicted counts.
 """
@@ -42,7 +43,10 @@ DEFAULT_REFITS = 12
 def load_counts(path: Path, window: str) -> pd.DataFrame:
     """Item × window counts of ``path`` at ``window`` (a pandas offset such as ``5min``)."""
     step = pd.Timedelta(window)
-    parquet = path / "windows.parquet" if path.is_dir() else path
+    tables = (
+        [path / name for name in ("counts.parquet", "windows.parquet")] if path.is_dir() else []
+    )
+    parquet = next((table for table in tables if table.is_file()), path)
     if parquet.suffix == ".parquet" and parquet.is_file():
         return coarsen_counts(pd.read_parquet(parquet), step)
     files = expand_paths([path])
@@ -131,7 +135,7 @@ def plot_steps(evaluation: Evaluation, path: Path) -> None:
 
 
 def evaluate(
-    path: Annotated[Path, typer.Argument(help="Trace, log, ServeGen folder or windows.parquet.")],
+    path: Annotated[Path, typer.Argument(help="Trace, log, ServeGen folder or counts table.")],
     window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "5min",
     budget: Annotated[list[int], typer.Option(help="Items to warm (repeatable).")] = [100],  # noqa: B006
     budget_tokens: Annotated[list[int], typer.Option(help="Token budgets (repeatable).")] = [],  # noqa: B006

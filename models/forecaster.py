@@ -44,7 +44,7 @@ class HotnessForecaster(HotnessModel):
     def __init__(
         self,
         objective: str = "poisson",
-        n_estimators: int = 150,
+        n_estimators: int = 60,
         learning_rate: float = 0.08,
         num_leaves: int = 31,
         min_child_samples: int = 20,

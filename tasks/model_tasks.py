@@ -1,10 +1,11 @@
 """Model tasks: retrain the hotness forecaster, and predict the next window with the current one.
 
 ``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None)`` fits
-:class:`models.forecaster.HotnessForecaster` on a counts table (the ``windows.parquet`` an ingest
-writes; by default the newest one under ``<data_dir>/ingest``) and saves it as a new version under
-``<data_dir>/models/<name>``. Retraining on the same counts file with the same code returns the
-current version instead of adding one, so a redelivered message is harmless.
+:class:`models.forecaster.HotnessForecaster` on a counts table (the ``counts.parquet`` an
+ingest writes, by default the newest one under ``<data_dir>/ingest``; a ``windows.parquet`` works
+too) and saves it as a new version under ``<data_dir>/models/<name>``. Retraining on the same
+counts file with the same code returns the current version instead of adding one, so a
+redelivered message is harmless.
 
 ``prewarm.model.predict(counts_path=None, name="hotness", data_dir=None, kind=None, top=20)``
 loads the current version, ranks every item for the window after the table's last one, writes
@@ -33,11 +34,12 @@ def _data_dir(data_dir: str | None) -> Path:
 
 
 def newest_counts(data_dir: Path) -> Path:
-    """The most recently written ``windows.parquet`` under ``<data_dir>/ingest``."""
-    found = sorted((data_dir / "ingest").rglob("windows.parquet"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise BadInputError("no windows.parquet yet (ingest something first)", where=str(data_dir))
-    return found[-1]
+    """The newest ``counts.parquet`` (else ``windows.parquet``) of an ingest under ``data_dir``."""
+    for name in ("counts.parquet", "windows.parquet"):
+        found = sorted((data_dir / "ingest").rglob(name), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+    raise BadInputError("no counts.parquet yet (ingest something first)", where=str(data_dir))
 
 
 def _counts(path: Path) -> pd.DataFrame:
