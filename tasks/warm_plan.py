@@ -2,8 +2,9 @@
 
 ``plan_for_engine`` reads the engine's cache capacity, prefill cost, tenant weights, budget
 shares and tenant isolation from settings, forecasts next-window hits, and returns the plan.
-The forecast is the learned hotness model (``models.forecaster``) when ``windows.parquet`` has
-enough history and the model can be fitted; the frequency EWMA of the records otherwise.
+The forecast is the learned hotness model (``models.forecaster``) when the ingest's counts
+(``counts.parquet`` or ``windows.parquet``) have enough history and the model can be fitted;
+the frequency EWMA of the records otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ MIN_WINDOWS_FOR_MODEL = 8
 
 
 def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
-    """Records from an ingest directory or a ``records.parquet``; also the windows file if any."""
+    """Records from an ingest directory or a ``records.parquet``; also its item-window counts
+    (``counts.parquet``, else ``windows.parquet``) when present."""
     path = source / "records.parquet" if source.is_dir() else source
     if not path.exists():
         raise BadInputError(
@@ -35,8 +37,9 @@ def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
         records = pd.read_parquet(path)
     except (OSError, ValueError) as exc:
         raise BadInputError(f"cannot read records ({exc})", where=str(path)) from exc
-    windows = path.parent / "windows.parquet"
-    return records, windows if windows.exists() else None
+    # counts.parquet is the counts shape alone; windows.parquet (older ingests) adds features
+    counts = [path.parent / name for name in ("counts.parquet", "windows.parquet")]
+    return records, next((c for c in counts if c.exists()), None)
 
 
 def learned_forecast(windows: Path) -> dict[str, float] | None:
@@ -50,7 +53,7 @@ def learned_forecast(windows: Path) -> dict[str, float] | None:
         if prefixes["window_start"].nunique() < MIN_WINDOWS_FOR_MODEL:
             return None
         matrix = CountMatrix.from_counts(prefixes, kind="prefix")
-        model = HotnessForecaster(n_estimators=100).fit(matrix)
+        model = HotnessForecaster().fit(matrix)
         predicted = model.predict_next(prefixes, kind="prefix")
     except (PrewarmError, ImportError, KeyError, ValueError, AttributeError) as exc:
         log.info("learned forecast unavailable (%s); using frequency", exc)
