@@ -47,7 +47,7 @@ def test_descriptions_and_one_representative_per_profile(azure_sample, profiler)
 
 def test_partial_fit_keeps_labels_of_unchanged_requests(azure_sample):
     records, _ = azure_sample
-    profiler = WorkloadProfiler(max_profiles=4, sample=1000).fit(records.iloc[::2])
+    profiler = WorkloadProfiler(max_profiles=3, sample=400).fit(records.iloc[::2])
     before = profiler.predict(records)
     profiler.partial_fit(records.iloc[1::2])
     assert (profiler.predict(records) == before).mean() > 0.9
@@ -55,7 +55,7 @@ def test_partial_fit_keeps_labels_of_unchanged_requests(azure_sample):
 
 def test_refit_matches_labels_to_the_previous_profiles(azure_sample):
     records, _ = azure_sample
-    profiler = WorkloadProfiler(min_profiles=3, max_profiles=3, sample=1000).fit(records)
+    profiler = WorkloadProfiler(min_profiles=3, max_profiles=3, sample=400).fit(records)
     before = profiler.predict(records)
     profiler.random_state = 7
     after = profiler.fit(records).predict(records)
