@@ -15,7 +15,7 @@ import pandas as pd
 
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.vllm import _ENGINE_SUFFIX
+from pipeline.ingest.vllm import ENGINE_SUFFIX
 from pipeline.records import conform_records
 
 #: statuses that end a request; a later "ok" never overrides them
@@ -109,7 +109,7 @@ def apply_tails(frame: pd.DataFrame, tails: dict[str, dict[str, Any]]) -> set[st
     for tail_id, tail in tails.items():
         row = positions.get(tail_id)
         if row is None:
-            row = positions.get(_ENGINE_SUFFIX.sub("", tail_id))
+            row = positions.get(ENGINE_SUFFIX.sub("", tail_id))
         if row is None:
             continue
         used.add(tail_id)
@@ -170,7 +170,7 @@ def orphan_records(tails: dict[str, dict[str, Any]], skip: set[str]) -> list[dic
     """Tails that joined no head: requests whose defining line is not in this file or run."""
     rows = []
     for tail_id, tail in tails.items():
-        if tail_id in skip or _ENGINE_SUFFIX.sub("", tail_id) in skip:
+        if tail_id in skip or ENGINE_SUFFIX.sub("", tail_id) in skip:
             continue
         rows.append({**tail, "request_id": tail_id})
     return rows

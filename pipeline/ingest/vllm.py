@@ -18,13 +18,9 @@ from typing import Any
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
-    as_float,
-    as_int,
-    key_values,
-    params_hash,
     python_str_at,
-    seed_int64,
 )
+from pipeline.ingest.vllm_fields import endpoint_of, sampling_fields, stats_values, v0_prefix_rates
 from pipeline.prefix import block_hashes_from_ids
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -39,12 +35,9 @@ _UVICORN = re.compile(
     r"HTTP/[\d.]+\" (?P<status>\d{3})"
 )
 _UVICORN_OTHER = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
-_ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _PARAMS = re.compile(r"(?:sampling[ _]params|params): (?P<kind>\w+)\(")
-_PREFIX_POS = re.compile(r"prefix_pos: (\w+),")
 _LORA_NAME = re.compile(r"lora_name='((?:[^'\\]|\\.)*)'")
-_STAT = re.compile(r"([A-Za-z][A-Za-z ]*?): (-?\d+(?:\.\d+)?)")
-_V0_PREFIX_RATE = re.compile(r"GPU: (-?[\d.]+)%, CPU: (-?[\d.]+)%")
 
 #: key markers that end a ``Received request`` line, searched from the right
 _TAIL_KEYS = (
@@ -54,50 +47,9 @@ _TAIL_KEYS = (
     ", prompt_token_ids: ",
     ", prompt token ids: ",
 )
-_STAT_COLUMNS = {
-    "Avg prompt throughput": ("prompt_throughput", 1.0),
-    "Avg generation throughput": ("throughput", 1.0),
-    "Running": ("running", 1.0),
-    "Waiting": ("waiting", 1.0),
-    "Pending": ("waiting", 1.0),
-    "Swapped": ("swapped", 1.0),
-    "Deferred": ("deferred", 1.0),
-    "Preemptions": ("preemptions", 1.0),
-    "GPU KV cache usage": ("kv_usage", 0.01),
-    "CPU KV cache usage": ("cpu_kv_usage", 0.01),
-    "Prefix cache hit rate": ("prefix_cache_hit_rate", 0.01),
-    "External prefix cache hit rate": ("external_prefix_cache_hit_rate", 0.01),
-    "MM cache hit rate": ("mm_cache_hit_rate", 0.01),
-}
 _FINISHED_OK = ("stop", "length", "tool_calls", "streaming_complete", "abort")
 #: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
 _HASH_CACHE_SIZE = 4096
-
-
-def endpoint_of(request_id: str) -> str | None:
-    """The OpenAI endpoint a request id names (FORMATS.md 1.5), or ``None``."""
-    if request_id.startswith(("chatcmpl-", "chat-")):
-        return "/v1/chat/completions"
-    if request_id.startswith("cmpl-"):
-        tail = request_id.rsplit("-", 1)[-1]
-        # v0.4 chat ids were cmpl-<32 hex> without the -<i> suffix of completions
-        return "/v1/completions" if tail.isdigit() else "/v1/chat/completions"
-    return None
-
-
-def sampling_fields(body: str) -> dict[str, Any]:
-    """Record fields from the inside of ``SamplingParams(...)``."""
-    values = key_values(body)
-    if "guided_decoding" in values and "structured_outputs" not in values:
-        values["structured_outputs"] = values["guided_decoding"]
-    return {
-        "temperature": as_float(values.get("temperature")),
-        "top_p": as_float(values.get("top_p")),
-        "top_k": as_int(values.get("top_k")),
-        "max_tokens": as_int(values.get("max_tokens")),
-        "seed": seed_int64(values.get("seed")),
-        "params_hash": params_hash(values),
-    }
 
 
 class VllmChunkParser:
@@ -215,7 +167,7 @@ class VllmChunkParser:
         """Strip the engine's 8-hex suffix when the id without it is known (FORMATS.md 1.12)."""
         if request_id in self.requests:
             return request_id
-        base = _ENGINE_SUFFIX.sub("", request_id)
+        base = ENGINE_SUFFIX.sub("", request_id)
         return base if base in self.requests else request_id
 
     def _touch(self, request_id: str, ts: str, line_no: int) -> None:
@@ -415,25 +367,21 @@ class VllmChunkParser:
     def _stats(self, msg: str, ts: str, engine: str | None) -> None:
         row: dict[str, Any] = {"ts": ts, "source": "vllm", "instance": self._instance(engine),
                                "_line": self.line_no}  # fmt: skip
-        for label, value in _STAT.findall(msg):
-            column = _STAT_COLUMNS.get(label)
-            if column is not None:
-                row[column[0]] = float(value) * column[1]
+        row.update(stats_values(msg))
         self.out.metrics.append(row)
 
     def _v0_prefix_rate(self, msg: str, ts: str) -> None:
-        match = _V0_PREFIX_RATE.search(msg)
-        if match is None:
+        rates = v0_prefix_rates(msg)
+        if rates is None:
             self.out.ignored["other vLLM line"] += 1
             return
-        gpu, cpu = float(match.group(1)) / 100, float(match.group(2)) / 100
         last = self.out.metrics[-1] if self.out.metrics else None
         if last is not None and last["ts"] == ts and "prefix_cache_hit_rate" not in last:
-            last.update(prefix_cache_hit_rate=gpu, cpu_prefix_cache_hit_rate=cpu)
+            last.update(rates)
             return
-        self.out.metrics.append({"ts": ts, "source": "vllm", "instance": self.instance,
-                                 "_line": self.line_no, "prefix_cache_hit_rate": gpu,
-                                 "cpu_prefix_cache_hit_rate": cpu})  # fmt: skip
+        self.out.metrics.append(
+            {"ts": ts, "source": "vllm", "instance": self.instance, "_line": self.line_no, **rates}
+        )
 
     def _instance(self, engine: str | None) -> str:
         return f"{self.instance}/{engine}" if engine else self.instance
