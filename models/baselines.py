@@ -60,7 +60,13 @@ class HotnessModel(ABC):
         last ``lookback`` windows.
         """
         self._check_fitted()
-        matrix = CountMatrix.from_counts(counts, window=self.window_, kind=kind)
+        single = counts["window_start"].nunique() < 2 if "window_start" in counts else False
+        matrix = CountMatrix.from_counts(counts, window=self.window_ if single else None, kind=kind)
+        if matrix.window != self.window_:
+            raise BadInputError(
+                f"counts have {matrix.window} windows, the model was fitted on {self.window_}",
+                where="counts.window_start",
+            )
         t = matrix.n_windows - 1
         items = candidates(matrix, t, lookback)
         frame = matrix.items.iloc[items].reset_index(drop=True)

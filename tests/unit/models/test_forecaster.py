@@ -9,7 +9,7 @@ import pytest
 from models.baselines import ModelNotFittedError, baselines
 from models.forecaster import HotnessForecaster
 from pipeline.errors import BadInputError
-from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
+from pipeline.evaluation import CountMatrix, WalkForwardConfig, coarsen_counts, walk_forward
 
 
 def test_forecaster_beats_last_window_on_the_held_back_day(daily_counts):
@@ -66,3 +66,12 @@ def test_inactive_rows_are_subsampled_but_active_ones_kept():
     model.fit(CountMatrix.from_counts(counts))
     # 5 windows of history ends, 5 active rows each, about 2*5 (floor 50) inactive ones each.
     assert model.n_training_rows_ < 400
+
+
+def test_predict_next_refuses_counts_of_another_window_length(daily_counts):
+    model = HotnessForecaster(n_estimators=5).fit(CountMatrix.from_counts(daily_counts))
+    coarse = coarsen_counts(daily_counts, pd.Timedelta(minutes=30))
+    with pytest.raises(BadInputError, match="0 days 00:30:00 windows, the model was fitted on"):
+        model.predict_next(coarse)
+    one_window = daily_counts[daily_counts["window_start"] == daily_counts["window_start"].max()]
+    assert len(model.predict_next(one_window)) == one_window["item_key"].nunique()
