@@ -22,7 +22,7 @@ import redis
 
 from pipeline.errors import PrewarmError, TransientError
 from pipeline.plan import WarmItem
-from pipeline.wal import FINAL_STATES, TxnState
+from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.engine_client import EngineClient, RetryPolicy
 from tasks.engine_semaphore import EngineSemaphore
 from tasks.plan_store import PlanStore
@@ -258,7 +258,12 @@ class BatchRunner:
         """Roll back every transaction whose lease expired (the recovery sweep)."""
 
         def undo_for(engine_name: str) -> Any:
-            engine = self.settings.engine(engine_name)
-            return adapter_target.undo_for(self.client(engine, WarmOptions()))
+            # Resolved on first use: a transaction with nothing to undo on its engine rolls
+            # back even when that engine has left the configuration since.
+            def undo(effect: Effect) -> None:
+                engine = self.settings.engine(engine_name)
+                adapter_target.undo_for(self.client(engine, WarmOptions()))(effect)
+
+            return undo
 
         return self.wal.sweep(undo_for)

@@ -87,3 +87,17 @@ def test_engine_semaphore_is_shared_and_holders_expire(store):
     with first.slot(wait_s=1.0, holder="c"):
         assert first.holders() == 1
     assert first.holders() == 0
+
+
+def test_sweep_rolls_back_a_batch_of_an_engine_no_longer_configured(store):
+    from tasks.settings import Settings
+    from tasks.warm_batch import BatchRunner
+
+    settings = Settings.model_validate({"wal_lease_s": 1})  # no engines at all
+    wal = WalStore(store, lease_s=1)
+    txn = wal.begin("p", 0, "retired-engine", owner="dead")
+    wal.move(txn.txn_id, "dead", TxnState.APPLYING)
+    wal.apply_redis(txn.txn_id, "dead", [RedisWrite("entry", "half-written")])
+    time.sleep(1.1)
+    assert BatchRunner(store, settings).sweep() == [txn.txn_id]
+    assert store.get("entry") is None
