@@ -115,6 +115,25 @@ def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
     return (prompt_tokens - 1) // block_size if prompt_tokens else 0
 
 
+def _check_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """vLLM's refusals (same wording) of a prompt, or prompt plus output, over the context."""
+    if prompt_tokens >= max_model_len:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains at least {prompt_tokens} input tokens, which exceeds this limit "
+            "even without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})"
+        )
+    if prompt_tokens + max_tokens > max_model_len:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {max_tokens} output tokens and your prompt contains at least "
+            f"{prompt_tokens} input tokens, for a total of at least {prompt_tokens + max_tokens} "
+            "tokens. Please reduce the length of the input prompt or the number of requested "
+            f"output tokens. (parameter=max_tokens, value={max_tokens})"
+        )
+
+
 class StatsWindow:
     """Token counts since the last stats line, and hit rate over recent requests (as vLLM)."""
 
@@ -152,7 +171,9 @@ class SimulatedEngine:
             return None
         if name in self.adapters:
             return self.adapters[name]
-        raise ModelNotFoundError(f"The model `{name}` does not exist.")
+        raise ModelNotFoundError(
+            f"The model `{name}` does not exist. Valid aliases: {self.config.model}."
+        )
 
     def add_adapter(self, name: str, path: str) -> Adapter:
         """Register a LoRA adapter under ``name`` (the caller checks for duplicates)."""
@@ -172,18 +193,11 @@ class SimulatedEngine:
             chain = block_hashes_from_ids(ids, self.config.block_size)
         if request.adapter is not None:
             chain = [f"{request.adapter.name}/{h}" for h in chain]  # adapters never share KV
-        if len(ids) + request.params.max_tokens > self.config.max_model_len:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {self.config.max_model_len} tokens. "
-                f"However, your request has {len(ids)} input tokens and asks for "
-                f"{request.params.max_tokens} output tokens. Please reduce the length."
-            )
+        _check_context(len(ids), request.params.max_tokens, self.config.max_model_len)
         lora = request.adapter
         lora_text = lora_request_repr(lora.name, lora.int_id, lora.path) if lora else None
         self.log.request(request.request_id, request.prompt, ids, request.params, lora_text)
-        generation = Generation(self, request, ids, chain)
-        self.log.added(generation.engine_request_id)
-        return generation
+        return Generation(self, request, ids, chain)
 
     def slots(self) -> asyncio.Semaphore:
         """Running slots (``max_num_seqs``), created in the serving event loop."""
@@ -253,6 +267,7 @@ class Generation:
     async def prefill(self) -> None:
         """Wait for a running slot, then compute the uncached part of the prompt."""
         engine = self.engine
+        engine.log.added(self.engine_request_id)  # a streamed response has started by now
         engine.waiting += 1
         engine.metrics.waiting.set(engine.waiting)
         try:

@@ -89,9 +89,11 @@ def completion_prompts(body: Mapping[str, Any]) -> list[str | list[int]]:
     raise ProtocolError("'prompt' must be a string, a list of strings or a list of token ids")
 
 
-def request_id(kind: str, header: str | None) -> str:
-    """vLLM's external request id: ``chatcmpl-<16 hex>`` or ``cmpl-<16 hex>``, or the header."""
-    return f"{kind}-{header or secrets.token_hex(8)}"
+def request_id(kind: str, header: str | None) -> tuple[str, str]:
+    """vLLM's external request id (``chatcmpl-<16 hex>``, ``cmpl-<16 hex>``; the
+    ``X-Request-Id`` header replaces the random part) and that random part alone."""
+    random_part = header or secrets.token_hex(8)
+    return f"{kind}-{random_part}", random_part
 
 
 def usage(generation: Generation, completion_tokens: int) -> dict[str, Any]:
@@ -144,6 +146,6 @@ def envelope(rid: str, obj: str, model: str, choices: list[dict[str, Any]]) -> d
     }
 
 
-def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's ErrorResponse (``{"error": {message, type, param, code}}``)."""
-    return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

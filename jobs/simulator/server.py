@@ -133,13 +133,20 @@ class SimulatorRoutes:
         self.engine.reset_prefix_cache()
         return Response(status_code=200)
 
-    async def completions(self, request: Request) -> Response:
+    async def _accept(self, request: Request, kind: str) -> tuple[dict[str, Any], str]:
+        """Parse and log the body (as vLLM 0.32 does at DEBUG), then apply injected faults."""
         body = await _json_body(request)
+        rid, random_part = proto.request_id(kind, request.headers.get("x-request-id"))
+        compact = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        self.engine.log.body(random_part, compact)
         await self._admit()
+        return body, rid
+
+    async def completions(self, request: Request) -> Response:
+        body, rid = await self._accept(request, "cmpl")
         adapter = self.engine.resolve_model(body.get("model"))
         params = proto.sampling_params(body, default_max_tokens=16, chat=False)
         prompts = proto.completion_prompts(body)
-        rid = proto.request_id("cmpl", request.headers.get("x-request-id"))
         generations = [
             self.engine.prepare(
                 _completion_request(f"{rid}-{i}", self.engine, prompt, params, adapter)
@@ -157,15 +164,13 @@ class SimulatorRoutes:
         )
 
     async def chat(self, request: Request) -> Response:
-        body = await _json_body(request)
-        await self._admit()
+        body, rid = await self._accept(request, "chatcmpl")
         adapter = self.engine.resolve_model(body.get("model"))
         prompt = render_chat(
             body.get("messages"), add_generation_prompt=body.get("add_generation_prompt", True)
         )
         limit = max(1, self.engine.config.max_model_len - count_tokens(prompt))
         params = proto.sampling_params(body, default_max_tokens=limit, chat=True)
-        rid = proto.request_id("chatcmpl", request.headers.get("x-request-id"))
         generation = self.engine.prepare(
             GenerationRequest(rid, self.engine.config.model, prompt, params, adapter=adapter)
         )
@@ -200,7 +205,7 @@ class SimulatorRoutes:
         usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
         model = body.get("model") or self.engine.config.model
         return JSONResponse(
-            {"id": proto.request_id("embd", None), "object": "list", "created": int(time.time()),
+            {"id": proto.request_id("embd", None)[0], "object": "list", "created": int(time.time()),
              "model": model, "data": data, "usage": usage}
         )  # fmt: skip
 
@@ -274,16 +279,14 @@ async def _guarded(generation: Generation, chunks: AsyncIterator[bytes]) -> Asyn
 
 def _handlers(engine: SimulatedEngine) -> dict[Any, Callable[..., Any]]:
     def not_found(request: Request, exc: Exception) -> Response:
-        info = proto.error_body(str(exc), "NotFoundError", 404)["error"]
-        engine.log.log(
-            "ERROR",
-            "entrypoints/openai/chat_completion/serving.py:186",
-            f"Error with model error=ErrorInfo(message={info['message']!r}, type='NotFoundError', "
-            "param=None, code=404)",
-        )
-        return _error(str(exc), "NotFoundError", 404)
+        engine.log.model_error(str(exc))
+        return JSONResponse(proto.error_body(str(exc), "NotFoundError", 404, "model"), 404)
 
     def bad_request(request: Request, exc: Exception) -> Response:
+        return _error(str(exc), "BadRequestError", 400)
+
+    def too_long(request: Request, exc: Exception) -> Response:
+        engine.log.validation_error(f"VLLMValidationError: {exc}")
         return _error(str(exc), "BadRequestError", 400)
 
     def failure(request: Request, exc: Exception) -> Response:
@@ -292,7 +295,7 @@ def _handlers(engine: SimulatedEngine) -> dict[Any, Callable[..., Any]]:
     return {
         ModelNotFoundError: not_found,
         proto.ProtocolError: bad_request,
-        PromptTooLongError: bad_request,
+        PromptTooLongError: too_long,
         BadInputError: bad_request,
         SimulatedFailure: failure,
     }

@@ -1,10 +1,11 @@
-"""Request logs in the format of a current vLLM API server (upstream main, 2026-08).
+"""Request logs in the format of a current vLLM API server (0.32, as captured from a real one).
 
-Lines follow ``../shared/data/logs/FORMATS.md`` §1: the plain ``(APIServer pid=N)`` tag (logs
-go to a file, not a TTY), ``%m-%d %H:%M:%S`` timestamps in UTC, and, because request prompts are
-only printed at DEBUG (``--enable-log-requests`` with ``VLLM_LOGGING_LEVEL=DEBUG``), the file
-info as a path relative to the vllm package. Every run starts with a banner saying the server
-is the prewarm engine SIMULATOR, so its logs are never mistaken for a real engine's.
+Lines follow ``../shared/data/logs/FORMATS.md`` §1 and ``tests/data/vllm-0.32-cpu-debug.log``:
+the ``(APIServer pid=N)`` tag on vLLM's own lines (uvicorn's lines have their own formatter and
+no tag), ``%m-%d %H:%M:%S`` timestamps in UTC, and, because request prompts are only printed at
+DEBUG (``--enable-log-requests`` with ``VLLM_LOGGING_LEVEL=DEBUG``), shortened package-relative
+file info. Every run starts with a banner saying the server is the prewarm engine SIMULATOR, so
+its logs are never mistaken for a real engine's.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from typing import IO, Any
 from pipeline.errors import BadInputError
 
 # Source locations a current vLLM prints for these lines (DEBUG: package-relative paths).
-_REQUEST_LOGGER = "entrypoints/serve/utils/request_logger.py"
-_DETAILS_AT = f"{_REQUEST_LOGGER}:57"
-_RECEIVED_AT = f"{_REQUEST_LOGGER}:63"
-_ADDED_AT = "v1/engine/async_llm.py:439"
-_ABORTED_AT = "v1/engine/async_llm.py:494"
-_STATS_AT = "v1/metrics/loggers.py:310"
+_REQUEST_LOGGER = "entrypoints/.../utils/request_logger.py"
+_BODY_AT = f"{_REQUEST_LOGGER}:74"
+_DETAILS_AT = f"{_REQUEST_LOGGER}:55"
+_RECEIVED_AT = f"{_REQUEST_LOGGER}:65"
+_ADDED_AT = "v1/engine/async_llm.py:578"
+_ABORTED_AT = "v1/engine/async_llm.py:640"
+_STATS_AT = "v1/metrics/loggers.py:335"
+_MODEL_ERROR_AT = "entrypoints/.../chat_completion/serving.py:274"
+_ERROR_RESPONSE_AT = "entrypoints/.../exception_handling/error_response.py:24"
 _BANNER_AT = "entrypoints/openai/api_server.py:1874"
 
 
@@ -50,7 +54,8 @@ class SamplingParamsView:
         fields: list[tuple[str, Any]] = [
             ("n", 1), ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty), ("repetition_penalty", 1.0),
-            ("temperature", self.temperature), ("top_p", top_p), ("top_k", top_k),
+            ("temperature", self.temperature), ("watermarking", None), ("top_p", top_p),
+            ("top_k", top_k),
             ("min_p", min_p), ("seed", self.seed), ("stop", list(self.stop)),
             ("stop_token_ids", []), ("bad_words", []), ("thinking_token_budget", None),
             ("include_stop_str_in_output", False), ("ignore_eos", self.ignore_eos),
@@ -90,8 +95,8 @@ class VllmLogWriter:
         self._file = _open_log(path) if path else None
         self._stream = stream
 
-    def _write(self, text: str) -> None:
-        line = f"(APIServer pid={self.pid}) {text}\n"
+    def _write(self, text: str, *, tagged: bool = True) -> None:
+        line = f"(APIServer pid={self.pid}) {text}\n" if tagged else f"{text}\n"
         with self._lock:
             for sink in (self._file, self._stream):
                 if sink is not None:
@@ -105,7 +110,7 @@ class VllmLogWriter:
 
     def uvicorn(self, message: str, level: str = "INFO") -> None:
         """One uvicorn line (``INFO:     …``): no timestamp, level padded to 9 characters."""
-        self._write(f"{(level + ':').ljust(9)} {message}")
+        self._write(f"{(level + ':').ljust(9)} {message}", tagged=False)
 
     def banner(self, description: str) -> None:
         """The start-up lines: the simulator says what it is before anything else."""
@@ -135,6 +140,22 @@ class VllmLogWriter:
             _RECEIVED_AT,
             f"Received request {request_id}: params: {params!r}, lora_request: {lora_request}.",
         )
+
+    def body(self, random_id: str, body: str) -> None:
+        """vLLM 0.32's DEBUG ``Request <id> JSON body: …`` line (the id without its prefix)."""
+        self.log("DEBUG", _BODY_AT, f"Request {random_id} JSON body: {body}")
+
+    def model_error(self, message: str) -> None:
+        """The ERROR line vLLM writes when a request names a model it does not serve."""
+        self.log(
+            "ERROR", _MODEL_ERROR_AT,
+            f"Error with model error=ErrorInfo(message={message!r}, type='NotFoundError', "
+            "param='model', code=404)",
+        )  # fmt: skip
+
+    def validation_error(self, message: str) -> None:
+        """The DEBUG line of a request refused as invalid (e.g. too long for the context)."""
+        self.log("DEBUG", _ERROR_RESPONSE_AT, f"create_error_response called with {message}")
 
     def added(self, engine_request_id: str) -> None:
         """``Added request <id>.`` with the engine-internal id (external id + 8 hex)."""

@@ -12,7 +12,7 @@ from jobs.simulator.outputs import generate_tokens, natural_length
 from jobs.simulator.vllm_log import SamplingParamsView
 from pipeline.errors import BadInputError
 from pipeline.prefix import block_hashes
-from tests.conftest import SHARED_DATA
+from tests.conftest import REPO_ROOT
 
 
 def test_only_a_leading_run_of_cached_blocks_is_reused():
@@ -73,13 +73,13 @@ def _field_names(text: str) -> list[str]:
     return re.findall(r"(?:^|, )(\w+)=", inner[: inner.index("), lora_request")])
 
 
-def test_sampling_params_repr_has_current_vllm_field_order():
-    example = (SHARED_DATA / "logs" / "examples" / "vllm-main-2026-08.txt").read_text()
-    line = next(ln for ln in example.splitlines() if "Received request" in ln)
+def test_sampling_params_repr_has_the_field_order_of_a_real_vllm():
+    real = (REPO_ROOT / "tests" / "data" / "vllm-0.32-cpu-debug.log").read_text()
+    line = next(ln for ln in real.splitlines() if "Received request" in ln)
     ours = f"{SamplingParamsView(temperature=0.6)!r}, lora_request: None."
     assert _field_names(ours) == _field_names(line)
 
 
 def test_greedy_params_are_normalised_like_vllm():
     text = repr(SamplingParamsView(temperature=0.0, top_p=0.5, top_k=40))
-    assert "temperature=0.0, top_p=1.0, top_k=0, min_p=0.0" in text
+    assert "temperature=0.0, watermarking=None, top_p=1.0, top_k=0, min_p=0.0" in text
