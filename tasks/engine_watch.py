@@ -1,9 +1,9 @@
 """Watching engine replicas: health, served models, process start time and cache metrics.
 
-A replica that becomes ready or restarts gets a warm-up at once: its adapters and the hottest
-template heads of its model (shapes come with the scheduled plans). The last observation of
-each replica is kept in Redis, so the beat task and ``prewarm watch`` share what they saw, and
-cooldowns live in Redis too (``SET NX EX``), so two watchers cannot both fire.
+A replica that becomes ready or restarts gets a warm-up at once: one request per workload shape
+of the newest ingest, its adapters, and the hottest template heads of its model. The last
+observation of each replica is kept in Redis, so the beat task and ``prewarm watch`` share what
+they saw, and cooldowns live in Redis too (``SET NX EX``), so two watchers cannot both fire.
 """
 
 from __future__ import annotations
@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pandas as pd
 import redis
 from celery import shared_task
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.errors import BadInputError
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
+from pipeline.planning import shape_items
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.triggers import EngineSample, ReplicaObservation, TriggerEvent, replica_event
 from tasks.celery_app import app
@@ -31,6 +34,8 @@ from tasks.warm import submit_plan
 _LAST = "prewarm:replicas:{engine}:last"
 _COOLDOWN = "prewarm:triggers:cooldown:{kind}:{engine}"
 REPLICA_COOLDOWN_S = 30.0
+#: Records read for workload shapes: enough to see every (prompt, output) length bucket.
+RECENT_RECORDS = 20_000
 _COUNTERS = {
     "vllm:prefix_cache_queries_total": "prefix_queries",
     "vllm:prefix_cache_hits_total": "prefix_hits",
@@ -106,14 +111,9 @@ def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float) -> 
     return bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
 
 
-def replica_items(settings: Settings, store: redis.Redis, engine: EngineSettings) -> list[WarmItem]:
-    """Adapters of ``engine`` and the serving template heads of its model, hottest last."""
-    items = [
-        WarmItem(
-            kind="adapter", key=f"adapter:{engine.name}:{name}", model=engine.model, adapter=name
-        )
-        for name in engine.adapters
-    ]
+def _template_heads(
+    settings: Settings, store: redis.Redis, engine: EngineSettings
+) -> list[WarmItem]:
     heads: list[tuple[int, WarmItem]] = []
     for repo in settings.template_repos:
         if repo.model not in (None, engine.model):
@@ -128,7 +128,31 @@ def replica_items(settings: Settings, store: redis.Redis, engine: EngineSettings
                 )
                 heads.append((heat.get(template_id, 0), item))
     heads.sort(key=lambda pair: (pair[0], pair[1].key))  # priming order: hottest last
-    return items + [item for _, item in heads][-settings.budget.max_items :]
+    return [item for _, item in heads][-settings.budget.max_items :]
+
+
+def recent_records(data_dir: Path, rows: int = RECENT_RECORDS) -> pd.DataFrame | None:
+    """The last ``rows`` records of the newest ingest under ``<data_dir>/ingest``, if any."""
+    found = sorted((data_dir / "ingest").rglob("records.parquet"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        return None
+    columns = ["prompt", "prompt_tokens", "output_tokens", "model"]
+    return pd.read_parquet(found[-1], columns=columns).tail(rows)
+
+
+def replica_items(settings: Settings, store: redis.Redis, engine: EngineSettings) -> list[WarmItem]:
+    """A fresh replica's warm-up, in priming order: one request per workload shape seen in the
+    newest ingest (so every shape has run once), its adapters, then the serving template heads
+    of its model, hottest last."""
+    records = recent_records(settings.data_dir)
+    shapes = shape_items(records, engine.model) if records is not None else []
+    adapters = [
+        WarmItem(
+            kind="adapter", key=f"adapter:{engine.name}:{name}", model=engine.model, adapter=name
+        )
+        for name in engine.adapters
+    ]
+    return shapes + adapters + _template_heads(settings, store, engine)
 
 
 def warm_replica(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.watchers import Watcher
+from pipeline.records import records_frame
 from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from pipeline.triggers import TriggerEvent
@@ -21,12 +24,27 @@ pytestmark = pytest.mark.integration
 HEAD = "You are the claims assistant of Acme Insurance. Ask for the policy number first, " * 2
 
 
-def _settings(url: str, broker_url: str, store_url: str) -> Settings:
+def _settings(url: str, broker_url: str, store_url: str, data_dir: Path) -> Settings:
     engine = EngineSettings(name="sim", url=url, model="sim-llm", kind="simulator")
     repo = TemplateRepoSettings(name="acme/prompts", url="/unused")
     return Settings(
-        redis_url=broker_url, store_url=store_url, engines=(engine,), template_repos=(repo,)
+        redis_url=broker_url,
+        store_url=store_url,
+        data_dir=data_dir,
+        engines=(engine,),
+        template_repos=(repo,),
     )
+
+
+def _ingested(data_dir: Path) -> None:
+    rows = [
+        {"prompt": "Short question about my bill?", "prompt_tokens": 6, "output_tokens": 20},
+        {"prompt": "A long report to summarise. " * 60, "prompt_tokens": 360, "output_tokens": 200},
+        {"prompt": "Another short one?", "prompt_tokens": 4, "output_tokens": 18},
+    ]
+    out = data_dir / "ingest" / "run-1"
+    out.mkdir(parents=True)
+    records_frame(rows).to_parquet(out / "records.parquet")
 
 
 def _serve_template(store) -> None:
@@ -62,10 +80,11 @@ def test_unreachable_replica_is_not_ready():
 
 
 def test_ready_and_restarted_replicas_are_warmed_at_once(
-    celery_app_configured, broker_url, store_url, store
+    celery_app_configured, broker_url, store_url, store, tmp_path
 ):
     with SimulatorServer(SimulatorConfig()) as sim:
-        settings = _settings(sim.url, broker_url, store_url)
+        settings = _settings(sim.url, broker_url, store_url, tmp_path)
+        _ingested(tmp_path)
         _serve_template(store)
         events: list[TriggerEvent] = []
         watcher = Watcher(settings, store, on_event=events.append)
@@ -73,7 +92,8 @@ def test_ready_and_restarted_replicas_are_warmed_at_once(
         fired = watcher.poll()
         assert [f["kind"] for f in fired] == ["replica_ready"]
         plan, _, engine = PlanStore(store).load(fired[0]["plan_id"])
-        assert engine == "sim" and [i.text for i in plan.items] == [HEAD]
+        assert engine == "sim" and [i.kind for i in plan.items] == ["shape", "shape", "prefix"]
+        assert plan.items[-1].text == HEAD  # the template head is primed last, LRU keeps it
         assert BatchRunner(store, settings).run(plan.plan_id, 0)["state"] == "committed"
         assert _cached(sim.url, HEAD + "Where is my claim?") >= 16
 
@@ -103,10 +123,10 @@ def _cold_traffic(url: str, count: int, topic: str) -> None:
 
 
 def test_a_cache_gone_cold_raises_a_hit_rate_drop_once(
-    celery_app_configured, broker_url, store_url, store
+    celery_app_configured, broker_url, store_url, store, tmp_path
 ):
     with SimulatorServer(SimulatorConfig()) as sim:
-        settings = _settings(sim.url, broker_url, store_url)
+        settings = _settings(sim.url, broker_url, store_url, tmp_path)
         events: list[TriggerEvent] = []
         watcher = Watcher(settings, store, on_event=lambda e: events.append(e) or "queued")
         watcher.poll()  # first look: the replica is new (and warmed), no metrics history yet
