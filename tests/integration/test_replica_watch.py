@@ -141,3 +141,26 @@ def test_a_cache_gone_cold_raises_a_hit_rate_drop_once(
         _cold_traffic(sim.url, 8, "customs forms")
         assert watcher.poll() == []  # the cooldown holds a second drop back
     assert [e.kind for e in events] == ["hit_rate_drop"]
+
+
+def test_prewarm_watch_once_on_the_command_line(tmp_path, broker_url, store_url):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT, worker_env
+
+    with SimulatorServer(SimulatorConfig()) as sim:
+        config = tmp_path / "prewarm.toml"
+        config.write_text(
+            f'data_dir = "{tmp_path}"\n'
+            f'[[engines]]\nname = "sim"\nurl = "{sim.url}"\nmodel = "sim-llm"\n'
+            'adapters = ["sql-lora"]\n'
+        )
+        env = worker_env({"PREWARM_CONFIG": str(config)})
+        code = "from jobs.cli import main; main(['watch', '--once'])"
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "replica_ready" in done.stdout and "plan_id" in done.stdout
