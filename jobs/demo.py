@@ -180,10 +180,11 @@ class DemoRun:
             worker = WorkerProcess(config_file, self.workdir / "worker.log")  # boots meanwhile
             self._measure(sim, worker, settings)
         finally:
-            if worker is not None:
-                worker.stop()
-            sim.stop()
-            redis.stop()
+            with self.step("Stopping the worker, the simulator and Redis"):
+                if worker is not None:
+                    worker.stop()
+                sim.stop()
+                redis.stop()
         self.result.seconds = time.perf_counter() - started
         return self.result
 
