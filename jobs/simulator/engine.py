@@ -102,6 +102,7 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     adapter: Adapter | None = None
     natural_stop: bool = True
+    cache_salt: str | None = None
 
 
 def _text_tokens(prompt: str, block_size: int) -> tuple[list[int], list[str]]:
@@ -193,6 +194,8 @@ class SimulatedEngine:
             chain = block_hashes_from_ids(ids, self.config.block_size)
         if request.adapter is not None:
             chain = [f"{request.adapter.name}/{h}" for h in chain]  # adapters never share KV
+        if request.cache_salt:
+            chain = [f"salt:{request.cache_salt}/{h}" for h in chain]  # vLLM's cache_salt
         _check_context(len(ids), request.params.max_tokens, self.config.max_model_len)
         lora = request.adapter
         lora_text = lora_request_repr(lora.name, lora.int_id, lora.path) if lora else None

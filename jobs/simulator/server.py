@@ -147,9 +147,10 @@ class SimulatorRoutes:
         adapter = self.engine.resolve_model(body.get("model"))
         params = proto.sampling_params(body, default_max_tokens=16, chat=False)
         prompts = proto.completion_prompts(body)
+        salt = _salt(body)
         generations = [
             self.engine.prepare(
-                _completion_request(f"{rid}-{i}", self.engine, prompt, params, adapter)
+                _completion_request(f"{rid}-{i}", self.engine, prompt, params, adapter, salt)
             )
             for i, prompt in enumerate(prompts)
         ]
@@ -172,7 +173,14 @@ class SimulatorRoutes:
         limit = max(1, self.engine.config.max_model_len - count_tokens(prompt))
         params = proto.sampling_params(body, default_max_tokens=limit, chat=True)
         generation = self.engine.prepare(
-            GenerationRequest(rid, self.engine.config.model, prompt, params, adapter=adapter)
+            GenerationRequest(
+                rid,
+                self.engine.config.model,
+                prompt,
+                params,
+                adapter=adapter,
+                cache_salt=_salt(body),
+            )
         )
         model = body.get("model") or self.engine.config.model
         if body.get("stream"):
@@ -244,11 +252,19 @@ class SimulatorRoutes:
 
 
 def _completion_request(
-    rid: str, engine: SimulatedEngine, prompt: str | list[int], params: Any, adapter: Any
-) -> GenerationRequest:
+    rid: str, engine: SimulatedEngine, prompt: str | list[int], params: Any, adapter: Any,
+    salt: str | None,
+) -> GenerationRequest:  # fmt: skip
     text = prompt if isinstance(prompt, str) else None
     ids = None if isinstance(prompt, str) else prompt
-    return GenerationRequest(rid, engine.config.model, text, params, ids, adapter)
+    return GenerationRequest(rid, engine.config.model, text, params, ids, adapter, cache_salt=salt)
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise proto.ProtocolError("'cache_salt' must be a non-empty string")
+    return salt
 
 
 async def _run(generation: Generation) -> list[SimulatedToken]:

@@ -239,3 +239,13 @@ def test_embeddings_are_deterministic_unit_vectors_closer_for_shared_words(sim):
     assert abs(dot(vectors[0], vectors[0]) - 1.0) < 1e-4
     assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2])
     assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_cache_salt_keeps_tenants_apart_like_vllm(sim):
+    body = {"prompt": "tenant shared system prompt words " * 10, "max_tokens": 1}
+    post = lambda extra: httpx.post(f"{sim.url}/v1/completions", json={**body, **extra}).json()  # noqa: E731
+    post({"cache_salt": "tenant-a"})
+    other = post({"cache_salt": "tenant-b"})["usage"]["prompt_tokens_details"]["cached_tokens"]
+    same = post({"cache_salt": "tenant-a"})["usage"]["prompt_tokens_details"]["cached_tokens"]
+    unsalted = post({})["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert other == 0 and unsalted == 0 and same > 0
