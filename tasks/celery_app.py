@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from tasks.settings import Settings, current_settings
 
@@ -25,6 +25,12 @@ TASK_MODULES = [
     "tasks.ingest",
     "tasks.model_tasks",
 ]
+
+
+def _queue(name: str) -> Queue:
+    # Each queue gets its own direct exchange and routing key: with a shared default binding a
+    # message routed to one queue would be copied into every queue bound to the same key.
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -46,7 +52,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Longer than the longest task, so an unacked message is not redelivered while it runs.
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
-        "task_queues": [Queue(name) for name in QUEUES],
+        "task_queues": [_queue(name) for name in QUEUES],
         "task_default_queue": "events",
         "task_routes": {f"prewarm.{name}.*": {"queue": name} for name in QUEUES},
         "timezone": "UTC",

@@ -18,3 +18,17 @@ def test_tasks_are_routed_to_their_queue(celery_app_configured):
     router = celery_app_configured.amqp.router
     route = router.route({}, "prewarm.warm.anything")
     assert route["queue"].name == "warm"
+
+
+def test_a_routed_task_lands_in_its_own_queue_only(store_url, store):
+    """Each queue has its own binding: nothing is copied into the other queues."""
+    from celery import Celery
+
+    from tasks.celery_app import QUEUES, celery_config
+    from tasks.settings import load_settings
+
+    client_app = Celery("route-check")
+    client_app.conf.update(celery_config(load_settings({"PREWARM_REDIS_URL": store_url})))
+    client_app.send_task("prewarm.ingest.file", args=["/nowhere"])
+    lengths = {name: store.llen(name) for name in QUEUES}
+    assert lengths == {"ingest": 1, "model": 0, "warm": 0, "events": 0}
