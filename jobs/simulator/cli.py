@@ -22,6 +22,7 @@ def simulator(
     decode_ms_per_token: Annotated[float, Opt(min=0, help="Decode cost per output token.")] = 10.0,
     overhead_ms: Annotated[float, Opt(min=0, help="Fixed scheduling cost per request.")] = 5.0,
     max_num_seqs: Annotated[int, Opt(min=1, help="Requests running at once.")] = 64,
+    max_model_len: Annotated[int, Opt(min=16, help="Context length in tokens.")] = 32_768,
     stats_interval_s: Annotated[float, Opt(min=0.1, help="Seconds between stats lines.")] = 10.0,
     log_file: Annotated[Path | None, Opt(help="Also append the vLLM-format log here.")] = None,
 ) -> None:
@@ -35,6 +36,7 @@ def simulator(
         capacity_blocks=capacity_blocks,
         latency=LatencyModel(prefill_ms_per_token, decode_ms_per_token, overhead_ms),
         max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
         stats_interval_s=stats_interval_s,
         log_file=log_file,
     )
