@@ -21,7 +21,7 @@ from jobs.simulator.cache import BlockPrefixCache
 from jobs.simulator.metrics import EngineMetrics
 from jobs.simulator.outputs import SimulatedToken, generate_tokens, natural_length, token_id
 from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter, lora_request_repr
-from pipeline.prefix import block_hashes_from_ids, prefix_chain, pseudo_token_spans
+from pipeline.prefix import block_hashes, block_hashes_from_ids, pseudo_token_spans
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class GenerationRequest:
 def _text_tokens(prompt: str, block_size: int) -> tuple[list[int], list[str]]:
     spans = pseudo_token_spans(prompt)
     ids = [token_id(prompt[a:b]) for a, b in spans]
-    return ids, [block.hash for block in prefix_chain(prompt, block_size)]
+    return ids, block_hashes(prompt, block_size)
 
 
 def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
