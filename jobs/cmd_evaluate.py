@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import pandas as pd
 import typer
@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.table import Table
 
 from models.baselines import HotnessModel, baselines
-from models.forecaster import HotnessForecaster
 from pipeline.errors import BadInputError
 from pipeline.evaluation import (
     CountMatrix,
@@ -35,6 +34,9 @@ from pipeline.ingest.detect import detect_format
 from pipeline.ingest.run import expand_paths
 from pipeline.ingest.traces import read_servegen
 from pipeline.windows import item_window_counts
+
+if TYPE_CHECKING:
+    from models.forecaster import HotnessForecaster
 
 #: Refits per run when --refit-every is not given: enough to follow drift, bounded in time.
 DEFAULT_REFITS = 12
@@ -70,6 +72,8 @@ def default_kind(counts: pd.DataFrame) -> str:
 
 def standard_models(forecaster: HotnessForecaster | None = None) -> dict[str, HotnessModel]:
     """Every baseline and the LightGBM forecaster, by name."""
+    from models.forecaster import HotnessForecaster  # lightgbm: ~3 s, only for this command
+
     model = forecaster or HotnessForecaster()
     return {**baselines(), model.name: model}
 

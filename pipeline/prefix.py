@@ -73,12 +73,40 @@ def chain_hashes(
 
 
 def block_hashes(prompt: str, block_size: int = DEFAULT_BLOCK_SIZE) -> list[str]:
-    """Chain hashes of the whole blocks of ``prompt`` (the hashes of :func:`prefix_chain`).
+    """Chain hashes of the whole blocks of ``prompt`` (the hashes of :func:`prefix_chain`)."""
+    return BlockCursor(block_size).blocks(prompt)[1]
 
-    The pseudo-tokens tile the text, so a block's text is the join of its tokens' texts;
-    ``findall`` avoids a match object per token (about 3x faster on long prompts).
+
+class BlockCursor:
+    """Whole blocks of a prompt, read one block per regex match.
+
+    One pattern matches ``block_size`` pseudo-tokens at once; each token is an atomic group,
+    so it matches exactly what :data:`_PSEUDO_TOKEN` matches at that position (no backtracking
+    into a token to make a block fit), and the match fails where fewer tokens remain. That
+    reads a prompt without a string per token (about 1.5x faster than ``findall`` + join).
     """
-    return chain_hashes(pseudo_tokens(prompt), block_size)
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        token = _PSEUDO_TOKEN.pattern
+        self.block = re.compile(f"(?>{token}){{{block_size}}}", re.UNICODE)
+
+    def blocks(
+        self, prompt: str, ends: Sequence[int] = (), hashes: Sequence[str] = ()
+    ) -> tuple[list[int], list[str]]:
+        """Ends and chain hashes of the whole blocks of ``prompt``; ``ends``/``hashes`` are
+        those of its first blocks when already known (the chain continues from the last)."""
+        all_ends, all_hashes = list(ends), list(hashes)
+        pos = all_ends[-1] if all_ends else 0
+        previous = all_hashes[-1].encode() if all_hashes else b""
+        match, blake2b = self.block.match, hashlib.blake2b
+        while (found := match(prompt, pos)) is not None:
+            end = found.end()
+            digest = blake2b(previous + b"\x00" + prompt[pos:end].encode(), digest_size=8)
+            name = digest.hexdigest()
+            all_ends.append(end)
+            all_hashes.append(name)
+            previous, pos = name.encode(), end
+        return all_ends, all_hashes
 
 
 def block_hashes_from_ids(

@@ -1,62 +1,62 @@
 """Prefix hashes of many prompts that share their heads, without re-reading the heads.
 
 Requests of one service share long heads (a system prompt, a template's static part). A
-pseudo-token that ends before the start of the last token lying wholly inside a head is
-decided by the head alone (its greedy match stops at a character of the head), so its tokens
-and the hashes of the blocks they fill can be remembered per head and reused: the same
-hashes as :func:`pipeline.prefix.block_hashes`, with only the tail tokenised.
+pseudo-token ending at character ``e`` is decided by the characters before ``e`` and the one
+at ``e`` (its greedy match stops at a character it has to read), so every block that ends
+before a head's last character is the same in any prompt with that head. Such blocks are
+remembered per head, for heads of doubling lengths, and a prompt with a known head tokenises
+only what follows: the same hashes as :func:`pipeline.prefix.block_hashes`.
 """
 
 from __future__ import annotations
 
-from pipeline.prefix import chain_hashes, pseudo_tokens
+from bisect import bisect_left
 
-#: head lengths (characters) remembered, longest first
-HEAD_LENGTHS = (4096, 1024, 256)
-#: heads remembered per length; the cache is dropped when full (cheap, and traffic is bursty)
+from pipeline.prefix import BlockCursor
+
+#: head lengths (characters) remembered, shortest first: a prompt reuses its longest known head
+HEAD_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+#: heads remembered per length; every table is dropped together when one is full (cheap, and
+#: traffic is bursty), so a known long head implies that its shorter heads are known too
 HEADS_PER_LENGTH = 1024
+
+Blocks = tuple[list[int], list[str]]  # block ends (characters) and chain hashes
 
 
 class PrefixHasher:
-    """``block_hashes`` with a per-head memory of tokens and hashes."""
+    """``block_hashes`` with a per-head memory of block ends and hashes."""
 
     def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.heads: dict[int, dict[str, tuple[list[str], list[str], int]]] = {
-            n: {} for n in HEAD_LENGTHS
-        }
+        self.cursor = BlockCursor(block_size)
+        self.heads: dict[int, dict[str, Blocks]] = {n: {} for n in HEAD_LENGTHS}
 
     def hashes(self, prompt: str) -> list[str]:
         """Chain hashes of the whole blocks of ``prompt``."""
-        for length in HEAD_LENGTHS:
-            if len(prompt) > length:
-                hit = self.heads[length].get(prompt[:length])
-                if hit is not None:
-                    tokens, known, end = hit
-                    tail = pseudo_tokens(prompt[end:])
-                    return chain_hashes(tokens + tail, self.block_size, known)
-        tokens = pseudo_tokens(prompt)
-        hashes = chain_hashes(tokens, self.block_size)
-        self._remember(prompt, tokens, hashes)
+        known, first_missing = self._longest_head(prompt)
+        ends, hashes = self.cursor.blocks(prompt, *known)
+        if first_missing is not None:
+            self._remember(prompt, first_missing, ends, hashes)
         return hashes
 
-    def _remember(self, prompt: str, tokens: list[str], hashes: list[str]) -> None:
-        end, count, stable = 0, 0, []
-        for length in sorted(HEAD_LENGTHS):
+    def _longest_head(self, prompt: str) -> tuple[Blocks, int | None]:
+        """Blocks of the longest remembered head; index of the first head length unknown."""
+        known: Blocks = ([], [])
+        for i, length in enumerate(HEAD_LENGTHS):
+            if len(prompt) <= length:
+                return known, None
+            hit = self.heads[length].get(prompt[:length])
+            if hit is None:
+                return known, i
+            known = hit
+        return known, None
+
+    def _remember(self, prompt: str, first: int, ends: list[int], hashes: list[str]) -> None:
+        if len(self.heads[HEAD_LENGTHS[first]]) >= HEADS_PER_LENGTH:
+            for table in self.heads.values():
+                table.clear()
+            first = 0
+        for length in HEAD_LENGTHS[first:]:
             if len(prompt) <= length:
                 break
-            # tokens ending before the start of the last token inside the head
-            while count < len(tokens) and end + len(tokens[count]) < length:
-                end += len(tokens[count])
-                count += 1
-            stable.append((length, count, end))
-        for length, count, end in stable:
-            if count < 1:
-                continue
-            kept = tokens[: count - 1]
-            kept_end = end - len(tokens[count - 1])
-            whole = len(kept) // self.block_size
-            table = self.heads[length]
-            if len(table) >= HEADS_PER_LENGTH:
-                table.clear()
-            table[prompt[:length]] = (kept, hashes[:whole], kept_end)
+            whole = bisect_left(ends, length)  # blocks ending before the head's last character
+            self.heads[length][prompt[:length]] = (ends[:whole], hashes[:whole])
