@@ -30,10 +30,10 @@ from jobs.simulator.engine import (
     PromptTooLongError,
     SimulatedEngine,
 )
-from jobs.simulator.outputs import SimulatedToken, embed_text
+from jobs.simulator.outputs import SimulatedToken, embed_text, token_id
 from jobs.simulator.vllm_log import VllmLogWriter
 from pipeline.errors import BadInputError
-from pipeline.prefix import count_tokens
+from pipeline.prefix import count_tokens, pseudo_token_spans
 
 SERVER_HEADER = (b"server", b"prewarm-simulator")
 
@@ -217,6 +217,23 @@ class SimulatorRoutes:
              "model": model, "data": data, "usage": usage}
         )  # fmt: skip
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize`` shape, counting the simulator's pseudo-tokens."""
+        body = await _json_body(request)
+        self.engine.resolve_model(body.get("model"))
+        if "messages" in body:
+            generation_prompt = body.get("add_generation_prompt", True)
+            text = render_chat(body["messages"], add_generation_prompt=generation_prompt)
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise proto.ProtocolError("'prompt' (a string) or 'messages' is required")
+        ids = [token_id(text[a:b]) for a, b in pseudo_token_spans(text)]
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": self.engine.config.max_model_len,
+             "tokens": ids, "token_strs": None}
+        )  # fmt: skip
+
     async def load_lora(self, request: Request) -> Response:
         body = await _json_body(request)
         name, path = body.get("lora_name"), body.get("lora_path")
@@ -338,6 +355,7 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
+            Route("/tokenize", routes.tokenize, methods=["POST"]),
             Route("/v1/load_lora_adapter", routes.load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", routes.unload_lora, methods=["POST"]),
             Route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"]),

@@ -249,3 +249,13 @@ def test_cache_salt_keeps_tenants_apart_like_vllm(sim):
     same = post({"cache_salt": "tenant-a"})["usage"]["prompt_tokens_details"]["cached_tokens"]
     unsalted = post({})["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert other == 0 and unsalted == 0 and same > 0
+
+
+def test_tokenize_counts_what_the_cache_blocks_are_made_of(sim):
+    system = {"role": "system", "content": SYSTEM}
+    chat = {"messages": [system], "add_generation_prompt": False}
+    counted = httpx.post(f"{sim.url}/tokenize", json=chat).json()
+    served = _chat(sim.url, "Anything?", max_tokens=1).json()["usage"]["prompt_tokens"]
+    assert 0 < counted["count"] < served and len(counted["tokens"]) == counted["count"]
+    text = httpx.post(f"{sim.url}/tokenize", json={"prompt": "one two three"}).json()
+    assert text["count"] == 3 and text["max_model_len"] == sim.config.max_model_len
