@@ -16,8 +16,9 @@ from pipeline.prefix import BlockCursor
 
 #: head lengths (characters) remembered, shortest first: a prompt reuses its longest known head
 HEAD_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
-#: heads remembered per length; every table is dropped together when one is full (cheap, and
-#: traffic is bursty), so a known long head implies that its shorter heads are known too
+#: heads remembered per length; a full table is dropped (cheap, and traffic is bursty). A
+#: lookup stops at the first unknown length, so a long head known without its short head
+#: (dropped) is only a missed saving, never a wrong hash
 HEADS_PER_LENGTH = 1024
 
 Blocks = tuple[list[int], list[str]]  # block ends (characters) and chain hashes
@@ -51,12 +52,11 @@ class PrefixHasher:
         return known, None
 
     def _remember(self, prompt: str, first: int, ends: list[int], hashes: list[str]) -> None:
-        if len(self.heads[HEAD_LENGTHS[first]]) >= HEADS_PER_LENGTH:
-            for table in self.heads.values():
-                table.clear()
-            first = 0
         for length in HEAD_LENGTHS[first:]:
             if len(prompt) <= length:
                 break
+            table = self.heads[length]
+            if len(table) >= HEADS_PER_LENGTH:
+                table.clear()  # only this length: short heads repeat more than long ones
             whole = bisect_left(ends, length)  # blocks ending before the head's last character
-            self.heads[length][prompt[:length]] = (ends[:whole], hashes[:whole])
+            table[prompt[:length]] = (ends[:whole], hashes[:whole])

@@ -22,6 +22,7 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import assemble
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.detect import FORMATS, detect_format
+from pipeline.ingest.finish import PartJob, finish_part, ordered_map, read_part
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_chunk, plan_chunks
@@ -109,17 +110,6 @@ def write_part(frame: pd.DataFrame, path: str) -> None:
     pq.write_table(table, path)
 
 
-def read_part(path: str) -> pd.DataFrame:
-    """Read a scratch part back (``prefix_hashes`` as lists again)."""
-    frame = pq.read_table(path).to_pandas()
-    if "prefix_hashes" in frame:
-        frame["prefix_hashes"] = [
-            list(h) if h is not None and not isinstance(h, float) else None
-            for h in frame["prefix_hashes"]
-        ]
-    return frame
-
-
 def _executor(workers: int) -> Executor | None:
     if workers <= 1:
         return None
@@ -143,8 +133,11 @@ def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[ChunkResult]:
 class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
-    def __init__(self, plan: FilePlan, options: IngestOptions, part_prefixes: list[str]) -> None:
+    def __init__(
+        self, plan: FilePlan, options: IngestOptions, part_prefixes: list[str], workers: int = 1
+    ) -> None:
         self.plan = plan
+        self.workers = workers  # processes finishing chunks (1: this one)
         self.options = options
         self.part_prefixes = part_prefixes
         self.chunks: list[ChunkResult] = []
@@ -184,33 +177,27 @@ class FileAssembly:
         if cap is not None:
             self.summary.assumptions.append(f"--max-log-len {cap}: prompts of that length are cut")
         used: set[str] = set(self.plan.state.recent_ids)
+        jobs = self._part_jobs(bases, source, cap, sink.window)
+        for i, done in enumerate(ordered_map(finish_part, jobs, self.workers)):
+            used |= done.used
+            if done.records is not None:
+                self.plan.state.recent_ids.extend(done.recent_ids)
+                self.summary.records += len(done.records)
+                sink.add_records(done.records, done.counts)
+            self._emit_metrics(sink, i, self.chunks[i], bases[i], fmt)
+        self._emit_orphans(sink, used, source)
+
+    def _part_jobs(
+        self, bases: list[int], source: str, cap: int | None, window: str
+    ) -> Iterator[PartJob]:
+        """One job per chunk, made when submitted (each carries the tails of later chunks)."""
         for i, chunk in enumerate(self.chunks):
             later = {k: v for c in self.chunks[i + 1 :] for k, v in c.tails.items()}
-            frame = read_part(self._part(i, "heads"))
-            used |= assemble.apply_tails(frame, later)
-            self._emit_log(sink, frame, chunk, bases[i], source, cap)
-            self._emit_metrics(sink, i, chunk, bases[i], fmt)
-        self._emit_orphans(sink, used, source)
+            part = self._part(i, "heads")
+            yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window)
 
     def _part(self, index: int, kind: str) -> str:
         return f"{self.part_prefixes[index]}.{kind}.parquet"
-
-    def _emit_log(
-        self, sink: MemorySink, frame: pd.DataFrame, chunk: ChunkResult, base: int, source: str,
-        cap: int | None,
-    ) -> None:  # fmt: skip
-        if frame.empty:
-            return
-        if source == "vllm":
-            frame["ts"] = assemble.resolve_vllm_ts(
-                frame["ts"], frame["_line"], chunk, base, self.options.tz
-            )
-        else:
-            frame["ts"] = assemble.resolve_tgi_ts(frame)
-        self.plan.state.recent_ids.extend(frame["request_id"].dropna().tolist()[-2000:])
-        records = assemble.finalize_log_records(frame, source, cap, self.options)
-        self.summary.records += len(records)
-        sink.add_records(records)
 
     def _emit_metrics(
         self, sink: MemorySink, index: int, chunk: ChunkResult, base: int, fmt: str
@@ -302,7 +289,10 @@ def run_ingest(
         jobs, owners = _jobs(plans, options, state is not None, scratch)
         assemblies = {
             i: FileAssembly(
-                p, options, [j.part_prefix for j, o in zip(jobs, owners, strict=True) if o == i]
+                p,
+                options,
+                [j.part_prefix for j, o in zip(jobs, owners, strict=True) if o == i],
+                options.workers,
             )
             for i, p in enumerate(plans)
         }

@@ -112,11 +112,12 @@ class MemorySink:
         self.metrics: list[pd.DataFrame] = []
         self.counts: list[pa.Table] = []
 
-    def add_records(self, frame: pd.DataFrame) -> None:
-        """One finished chunk of records (canonical columns)."""
+    def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
+        """One finished chunk of records (canonical columns), with its window counts when
+        already computed."""
         if not frame.empty:
             self.records.append(frame)
-            self.add_counts(item_window_counts(frame, self.window))
+            self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
 
     def add_metrics(self, frame: pd.DataFrame) -> None:
         """One finished chunk of engine metrics."""
@@ -141,13 +142,13 @@ class ParquetSink(MemorySink):
         self.writer = pq.ParquetWriter(self.path, RECORDS_SCHEMA)
         self.rows = 0
 
-    def add_records(self, frame: pd.DataFrame) -> None:
-        """Write one chunk of records and keep its window counts."""
+    def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
+        """Write one chunk of records and keep its window counts (given, or computed)."""
         if frame.empty:
             return
         self.writer.write_table(records_table(frame))
         self.rows += len(frame)
-        self.add_counts(item_window_counts(frame, self.window))
+        self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
 
     def close(self) -> None:
         """Finish the Parquet file (an empty run still leaves a valid, empty file)."""

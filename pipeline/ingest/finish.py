@@ -1,0 +1,102 @@
+"""Finishing a log file's chunks into records, spread over worker processes.
+
+Once every chunk of a file is parsed, each chunk's heads still need the tails of later chunks,
+resolved timestamps, the canonical columns and their window counts. Those steps read only the
+chunk's own part and a few file-wide facts (year base, ``--max-log-len``), so they run in
+parallel; the parent only writes what comes back, in chunk order. At most ``workers + 1``
+finished chunks wait in the parent, so memory stays bounded by the chunk size.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from pipeline.ingest import assemble
+from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.options import IngestOptions
+from pipeline.windows import item_window_counts
+
+#: request ids of a file remembered for the next incremental run (reused-id detection)
+RECENT_IDS = 2000
+
+Job = TypeVar("Job")
+Done = TypeVar("Done")
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """One chunk's heads part and the file-wide facts needed to finish it."""
+
+    part: str
+    tails: dict[str, dict[str, Any]]
+    chunk: ChunkResult
+    base: int
+    source: str
+    cap: int | None
+    options: IngestOptions
+    window: str
+
+
+@dataclass
+class FinishedPart:
+    """A chunk's canonical records and their window counts (``None``: no heads)."""
+
+    used: set[str]
+    records: pd.DataFrame | None = None
+    counts: pd.DataFrame | None = None
+    recent_ids: list[str] = field(default_factory=list)
+
+
+def read_part(path: str) -> pd.DataFrame:
+    """Read a scratch part back (``prefix_hashes`` as lists again)."""
+    frame = pq.read_table(path).to_pandas()
+    if "prefix_hashes" in frame:
+        frame["prefix_hashes"] = [
+            list(h) if h is not None and not isinstance(h, float) else None
+            for h in frame["prefix_hashes"]
+        ]
+    return frame
+
+
+def finish_part(job: PartJob) -> FinishedPart:
+    """Join later tails, resolve timestamps, conform the columns and count windows."""
+    frame = read_part(job.part)
+    done = FinishedPart(assemble.apply_tails(frame, job.tails))
+    if frame.empty:
+        return done
+    if job.source == "vllm":
+        frame["ts"] = assemble.resolve_vllm_ts(
+            frame["ts"], frame["_line"], job.chunk, job.base, job.options.tz
+        )
+    else:
+        frame["ts"] = assemble.resolve_tgi_ts(frame)
+    done.recent_ids = frame["request_id"].dropna().tolist()[-RECENT_IDS:]
+    done.records = assemble.finalize_log_records(frame, job.source, job.cap, job.options)
+    if not done.records.empty:
+        done.counts = item_window_counts(done.records, job.window)
+    return done
+
+
+def ordered_map(fn: Callable[[Job], Done], jobs: Iterable[Job], workers: int) -> Iterator[Done]:
+    """``map(fn, jobs)`` over ``workers`` forked processes, in order, ``workers + 1`` ahead."""
+    if workers <= 1:
+        yield from map(fn, jobs)
+        return
+    # fork: the workers inherit the imported modules (a fresh interpreter costs ~1 s each)
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        pending: deque[Future[Done]] = deque()
+        for job in jobs:
+            pending.append(pool.submit(fn, job))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
