@@ -26,6 +26,10 @@ EWMA_FAST, EWMA_SLOW = 0.3, 0.1  # fast = the best baseline on Mooncake; the for
 _RELATIVE_TO_LEVEL = ("lag_0", "lag_1", "lag_2", "mean_3", "mean_12", "max_12", "std_12",
                       "season_1", "season_2", "season_mean")  # fmt: skip
 
+# From the optional timing columns (NaN without them): within-window recency separates a block
+# whose conversation just spoke from one whose last turn was minutes ago in the same count.
+TIMING_FEATURES = ("recency", "tail_0", "tail_share_0", "chain_depth", "leaf_share", "leaf_share_0")
+
 FEATURE_NAMES: tuple[str, ...] = (
     *(f"lag_{k}" for k in range(LAGS)),
     "mean_3",
@@ -52,6 +56,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "prompt_per_request",
     "output_per_request",
     "item_kind",
+    *TIMING_FEATURES,
     *(f"{name}_rel" for name in _RELATIVE_TO_LEVEL),
 )
 CATEGORICAL = ("item_kind",)
@@ -70,6 +75,8 @@ class RunningTables:
     last_seen: np.ndarray  # int32; -1 before the first request
     totals: np.ndarray  # (n_windows,) requests of all items
     kind_codes: np.ndarray  # (n_items,)
+    last_offset: np.ndarray | None  # offset / window of the last request up to each window
+    cum_leaf: np.ndarray | None
 
 
 @lru_cache(maxsize=2)
@@ -91,7 +98,22 @@ def running_tables(matrix: CountMatrix) -> RunningTables:
         last_seen=last,
         totals=req.sum(axis=0),
         kind_codes=codes,
+        last_offset=_carried_offset(matrix, last),
+        cum_leaf=(
+            np.cumsum(matrix.timing.leaf_requests, axis=1, dtype=np.float32)
+            if matrix.timing is not None
+            else None
+        ),
     )
+
+
+def _carried_offset(matrix: CountMatrix, last: np.ndarray) -> np.ndarray | None:
+    """Offset (in windows) of each item's last request within its last active window."""
+    if matrix.timing is None:
+        return None
+    rows = np.arange(matrix.n_items)[:, None]
+    carried = matrix.timing.last_offset[rows, np.maximum(last, 0)]
+    return np.where(last >= 0, carried, np.nan).astype(np.float32)
 
 
 def ewma(series: np.ndarray, alpha: float) -> np.ndarray:
@@ -133,6 +155,7 @@ def features_at(matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
         *_season_features(matrix, t, items),
         *_calendar_features(matrix, t, len(items)),
         *_context_features(matrix, tables, t, items),
+        *_timing_features(matrix, tables, t, items),
     ]
     return _with_relative(np.column_stack(columns).astype(np.float32))
 
@@ -218,4 +241,26 @@ def _context_features(
         tables.cum_prompt[items, t] / requests,
         tables.cum_output[items, t] / requests,
         tables.kind_codes[items],
+    ]
+
+
+def _timing_features(
+    matrix: CountMatrix, tables: RunningTables, t: int, items: np.ndarray
+) -> list[np.ndarray]:
+    timing = matrix.timing
+    if timing is None or tables.last_offset is None or tables.cum_leaf is None:
+        return [np.full(len(items), np.nan, dtype=np.float32)] * len(TIMING_FEATURES)
+    # Windows from the last request to the end of window t (0.1 = in the last tenth of it).
+    recency = (t - tables.last_seen[items, t]) + 1 - tables.last_offset[items, t]
+    last = np.maximum(matrix.requests[items, t], 1)
+    tail = timing.tail_requests[items, t]
+    leaf = timing.leaf_requests[items, t]
+    total = np.maximum(tables.cum_requests[items, t], 1)
+    return [
+        recency,
+        tail,
+        tail / last,
+        timing.chain_depth[items],
+        tables.cum_leaf[items, t] / total,
+        leaf / last,
     ]

@@ -28,6 +28,17 @@ TOKEN_COLUMNS = ("prompt_tokens", "output_tokens")
 MAX_CELLS = 60_000_000
 
 
+@dataclass(frozen=True)
+class WindowTiming:
+    """Within-window timing and chain position of each item (the optional timing columns of
+    :mod:`pipeline.windows`): what per-window counts lose."""
+
+    last_offset: np.ndarray  # float32 (n_items, n_windows): last request's offset / window; NaN
+    tail_requests: np.ndarray  # float32 (n_items, n_windows): requests in the window's tail
+    leaf_requests: np.ndarray  # float32 (n_items, n_windows): requests ending at the item
+    chain_depth: np.ndarray  # float32 (n_items,): smallest chain position (0 = head)
+
+
 @dataclass(frozen=True, eq=False)
 class CountMatrix:
     """Per-item request and token counts on a regular grid of windows (missing = 0).
@@ -42,6 +53,7 @@ class CountMatrix:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     first_seen: np.ndarray = field(repr=False)  # int64 (n_items,): first window with requests
+    timing: WindowTiming | None = field(default=None, repr=False)  # when the counts carry it
 
     @property
     def n_items(self) -> int:
@@ -86,10 +98,35 @@ class CountMatrix:
         )
         grids = [_grid(counts, name, codes, column, (n_items, n_windows)) for name in _VALUES]
         first = _first_seen(grids[0])
-        return cls(items, origin, window, grids[0], grids[1], grids[2], first)
+        timing = _timing(counts, codes, column, (n_items, n_windows), window)
+        return cls(items, origin, window, grids[0], grids[1], grids[2], first, timing)
 
 
 _VALUES = ("requests", *TOKEN_COLUMNS)
+TIMING_COLUMNS = ("last_offset_s", "tail_requests", "chain_depth", "leaf_requests")
+
+
+def _timing(
+    counts: pd.DataFrame,
+    codes: np.ndarray,
+    column: np.ndarray,
+    shape: tuple[int, int],
+    window: pd.Timedelta,
+) -> WindowTiming | None:
+    """The timing grids when ``counts`` has every timing column, else ``None``."""
+    if any(name not in counts.columns for name in TIMING_COLUMNS):
+        return None
+    offset = np.full(shape, np.nan, dtype=np.float32)
+    seconds = pd.to_numeric(counts["last_offset_s"], errors="coerce").to_numpy(np.float32)
+    offset[codes, column] = seconds / np.float32(window.total_seconds())
+    depth = np.full(shape[0], np.inf, dtype=np.float32)
+    np.minimum.at(depth, codes, counts["chain_depth"].to_numpy(np.float32))
+    return WindowTiming(
+        last_offset=offset,
+        tail_requests=_grid(counts, "tail_requests", codes, column, shape),
+        leaf_requests=_grid(counts, "leaf_requests", codes, column, shape),
+        chain_depth=depth,
+    )
 
 
 def _check_counts(counts: pd.DataFrame) -> None:

@@ -15,6 +15,17 @@ prompt_tokens  int64                     sum of their prompt tokens (missing cou
 output_tokens  int64                     sum of their output tokens (missing counts as 0)
 =============  ========================  =====================================================
 
+``item_window_counts(..., timing=True)`` adds four optional columns (the evaluation and the
+forecaster use them when present; every table without them stays valid):
+
+=================  =========  =================================================================
+last_offset_s      float64    seconds from the window start to the item's last request in it
+tail_requests      int64      requests in the last fifth of the window
+chain_depth        int64      smallest position of a prefix block in its chain (0 = chain head;
+                              0 for other kinds)
+leaf_requests      int64      requests whose chain ends with this block
+=================  =========  =================================================================
+
 A request counts once for *each* block hash of its ``prefix_hashes`` chain (it would have used
 every one of those cached blocks). ``prompt`` items are keyed by a hash of the full prompt
 text; ``template`` items exist only when the records carry a ``template`` column.
@@ -40,6 +51,14 @@ COUNT_DTYPES = {
     "output_tokens": "int64",
 }
 KEYS = ["item_kind", "item_key"]
+TIMING_DTYPES = {
+    "last_offset_s": "float64",
+    "tail_requests": "int64",
+    "chain_depth": "int64",
+    "leaf_requests": "int64",
+}
+#: the "tail" of a window for ``tail_requests``: its last fifth (recent activity within it)
+TAIL_FRACTION = 0.2
 #: a dense item × window grid larger than this is refused: raise ``min_total_requests``
 MAX_GRID_ROWS = 50_000_000
 
@@ -66,6 +85,16 @@ def _base(records: pd.DataFrame, window: str) -> pd.DataFrame:
     )
 
 
+def _with_timing(base: pd.DataFrame, records: pd.DataFrame, window: str) -> pd.DataFrame:
+    """Adds the per-request timing columns the ``timing=True`` aggregation sums."""
+    ts = pd.to_datetime(records["ts"], utc=True)
+    offset = (ts - base["window_start"]).dt.total_seconds()
+    tail_start = pd.Timedelta(window).total_seconds() * (1 - TAIL_FRACTION)
+    return base.assign(
+        last_offset_s=offset, tail=(offset >= tail_start).astype("int64"), depth=0, leaf=0
+    )
+
+
 def _keyed(base: pd.DataFrame, kind: str, keys: pd.Series) -> pd.DataFrame:
     keep = keys.notna()
     part = base.loc[keep].copy()
@@ -81,6 +110,11 @@ def _prefix_items(records: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     part = base.loc[exploded.index].copy()
     part["item_key"] = exploded.astype(str).to_numpy()
     part["item_kind"] = "prefix"
+    if "depth" in part:
+        position = exploded.groupby(level=0).cumcount().to_numpy()
+        lengths = chains[has].map(len).reindex(exploded.index).to_numpy()
+        part["depth"] = position
+        part["leaf"] = (position == lengths - 1).astype("int64")
     return part
 
 
@@ -97,22 +131,37 @@ def _item_rows(records: pd.DataFrame, base: pd.DataFrame) -> list[pd.DataFrame]:
     return parts
 
 
-def item_window_counts(records: pd.DataFrame, window: str = "10min") -> pd.DataFrame:
-    """Per item and window: requests and token sums (the counts shape; see the module doc)."""
+def item_window_counts(
+    records: pd.DataFrame, window: str = "10min", timing: bool = False
+) -> pd.DataFrame:
+    """Per item and window: requests and token sums (the counts shape; see the module doc).
+
+    ``timing`` adds the optional columns of :data:`TIMING_DTYPES` (within-window recency and
+    chain position), which per-window counts alone lose.
+    """
+    dtypes = {**COUNT_DTYPES, **(TIMING_DTYPES if timing else {})}
     if records.empty:
-        return empty_counts()
+        return empty_counts().astype(dtypes) if timing else empty_counts()
     base = _base(records, window)
+    if timing:
+        base = _with_timing(base, records, window)
     parts = [p for p in _item_rows(records, base) if not p.empty]
     if not parts:
-        return empty_counts()
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
     rows = pd.concat(parts, ignore_index=True)
+    extra = (
+        {"last_offset_s": ("last_offset_s", "max"), "tail_requests": ("tail", "sum"),
+         "chain_depth": ("depth", "min"), "leaf_requests": ("leaf", "sum")}
+        if timing else {}
+    )  # fmt: skip
     counts = rows.groupby([*KEYS, "window_start"], sort=True, observed=True).agg(
         requests=("prompt_tokens", "size"),
         prompt_tokens=("prompt_tokens", "sum"),
         output_tokens=("output_tokens", "sum"),
+        **extra,
     )
-    counts = counts.reset_index()[list(COUNT_DTYPES)]
-    return counts.astype(COUNT_DTYPES)
+    counts = counts.reset_index()[list(dtypes)]
+    return counts.astype(dtypes)
 
 
 def infer_window(counts: pd.DataFrame) -> pd.Timedelta:

@@ -81,3 +81,18 @@ def test_ingest_windows_keep_every_count_and_feature_the_frequent_items():
     frequent = windows[(windows.item_kind == "prefix") & (windows.item_key == "a")]
     assert frequent["lag_1"].tolist() == [0, 2, 0]
     assert windows_result(counts_of(frame([]), "10min"), "10min") is None
+
+
+def test_timing_columns_carry_recency_tail_and_chain_position():
+    counts = item_window_counts(_records(), "10min", timing=True)
+    plain = item_window_counts(_records(), "10min")
+    pd.testing.assert_frame_equal(counts[plain.columns], plain)  # additive only
+    key = counts.set_index(["item_kind", "item_key", "window_start"])
+    a, c = key.loc[("prefix", "a", T0)], key.loc[("prefix", "c", T0)]
+    assert a["last_offset_s"] == 180.0  # its last request came 3 minutes into the window
+    assert a["tail_requests"] == 0  # none in the last 2 minutes
+    assert (a["chain_depth"], a["leaf_requests"]) == (0, 0)
+    assert (c["chain_depth"], c["leaf_requests"]) == (1, 1)
+    late = key.loc[("prefix", "a", T0 + pd.Timedelta(minutes=20))]
+    assert (late["last_offset_s"], late["tail_requests"], late["leaf_requests"]) == (300.0, 0, 1)
+    assert key.loc[("model", "m", T0), "chain_depth"] == 0

@@ -87,3 +87,32 @@ def test_counts_coarsen_into_longer_windows():
     assert matrix.requests.sum() == REQUESTS.sum()
     with pytest.raises(BadInputError, match="cannot turn"):
         coarsen_counts(counts, pd.Timedelta(minutes=7))
+
+
+def test_timing_columns_become_grids_and_recency_features():
+    from models.features import FEATURE_NAMES, features_at
+    from pipeline.records import records_frame
+    from pipeline.windows import item_window_counts
+
+    t0 = pd.Timestamp("2025-01-01T00:00:00Z")
+    rows = [
+        {"ts": t0 + pd.Timedelta(seconds=30), "prefix_hashes": ["a", "b"]},
+        {"ts": t0 + pd.Timedelta(seconds=290), "prefix_hashes": ["a", "c"]},
+        {"ts": t0 + pd.Timedelta(seconds=400), "prefix_hashes": ["a"]},
+    ]
+    counts = item_window_counts(records_frame(rows), "5min", timing=True)
+    timed = CountMatrix.from_counts(counts[counts.item_kind == "prefix"])
+    plain = CountMatrix.from_counts(item_window_counts(records_frame(rows), "5min"))
+    assert plain.timing is None and timed.timing is not None
+    names = list(timed.items["item_key"])
+    rows_at_0 = features_at(timed, 0, np.arange(timed.n_items))
+    recency = dict(zip(names, rows_at_0[:, FEATURE_NAMES.index("recency")], strict=True))
+    # b was last used 270 s before the window's end, c 10 s before: 0.9 and 1/30 of a window.
+    assert recency["b"] == pytest.approx(0.9) and recency["c"] == pytest.approx(1 / 30)
+    rows_at_1 = features_at(timed, 1, np.arange(timed.n_items))
+    recency_1 = dict(zip(names, rows_at_1[:, FEATURE_NAMES.index("recency")], strict=True))
+    assert recency_1["b"] == pytest.approx(1.9)  # one more window of silence
+    depth = dict(zip(names, rows_at_0[:, FEATURE_NAMES.index("chain_depth")], strict=True))
+    assert (depth["a"], depth["b"]) == (0, 1)
+    untimed = features_at(plain, 0, np.arange(plain.n_items))
+    assert np.isnan(untimed[:, FEATURE_NAMES.index("recency")]).all()

@@ -75,3 +75,14 @@ def test_predict_next_refuses_counts_of_another_window_length(daily_counts):
         model.predict_next(coarse)
     one_window = daily_counts[daily_counts["window_start"] == daily_counts["window_start"].max()]
     assert len(model.predict_next(one_window)) == one_window["item_key"].nunique()
+
+
+def test_validation_windows_choose_the_tree_count_on_the_latest_past(daily_counts):
+    matrix = CountMatrix.from_counts(daily_counts)
+    plain = HotnessForecaster(n_estimators=300, learning_rate=0.3).fit(matrix, until=400)
+    checked = HotnessForecaster(
+        n_estimators=300, learning_rate=0.3, validation_windows=48, patience=5
+    ).fit(matrix, until=400)
+    assert plain.n_rounds_ == 300
+    assert 1 <= checked.n_rounds_ < 300  # stopped once the last 48 windows stopped improving
+    assert checked.booster_.num_trees() == checked.n_rounds_
