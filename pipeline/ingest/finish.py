@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.ingest import assemble
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.options import IngestOptions
+from pipeline.ingest.sinks import records_table
 from pipeline.windows import item_window_counts
 
 #: request ids of a file remembered for the next incremental run (reused-id detection)
@@ -43,16 +45,22 @@ class PartJob:
     cap: int | None
     options: IngestOptions
     window: str
+    #: hand the records back as an Arrow table (for a Parquet sink): converted here, in
+    #: parallel, and cheaper to send than a frame of Python lists
+    as_table: bool = False
 
 
 @dataclass
 class FinishedPart:
-    """A chunk's canonical records and their window counts (``None``: no heads)."""
+    """A chunk's canonical records (a frame, or an Arrow table) and their window counts
+    (``None``: no heads)."""
 
     used: set[str]
     records: pd.DataFrame | None = None
     counts: pd.DataFrame | None = None
     recent_ids: list[str] = field(default_factory=list)
+    table: pa.Table | None = None
+    rows: int = 0
 
 
 def read_part(path: str) -> pd.DataFrame:
@@ -79,9 +87,14 @@ def finish_part(job: PartJob) -> FinishedPart:
     else:
         frame["ts"] = assemble.resolve_tgi_ts(frame)
     done.recent_ids = frame["request_id"].dropna().tolist()[-RECENT_IDS:]
-    done.records = assemble.finalize_log_records(frame, job.source, job.cap, job.options)
-    if not done.records.empty:
-        done.counts = item_window_counts(done.records, job.window)
+    records = assemble.finalize_log_records(frame, job.source, job.cap, job.options)
+    done.rows = len(records)
+    if not records.empty:
+        done.counts = item_window_counts(records, job.window)
+    if job.as_table:
+        done.table = records_table(records)
+    else:
+        done.records = records
     return done
 
 

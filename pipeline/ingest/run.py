@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import pyarrow as pa
@@ -26,7 +27,7 @@ from pipeline.ingest.finish import PartJob, finish_part, ordered_map, read_part
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_chunk, plan_chunks
-from pipeline.ingest.sinks import MemorySink
+from pipeline.ingest.sinks import MemorySink, ParquetSink
 from pipeline.ingest.state import FileState, IngestState, identify
 from pipeline.ingest.summary import FileSummary, Rejects
 from pipeline.ingest.traces import counts_frame
@@ -177,24 +178,27 @@ class FileAssembly:
         if cap is not None:
             self.summary.assumptions.append(f"--max-log-len {cap}: prompts of that length are cut")
         used: set[str] = set(self.plan.state.recent_ids)
-        jobs = self._part_jobs(bases, source, cap, sink.window)
+        as_table = isinstance(sink, ParquetSink)
+        jobs = self._part_jobs(bases, source, cap, sink.window, as_table)
         for i, done in enumerate(ordered_map(finish_part, jobs, self.workers)):
             used |= done.used
-            if done.records is not None:
-                self.plan.state.recent_ids.extend(done.recent_ids)
-                self.summary.records += len(done.records)
+            self.plan.state.recent_ids.extend(done.recent_ids)
+            self.summary.records += done.rows
+            if done.table is not None and done.counts is not None:
+                cast(ParquetSink, sink).add_records_table(done.table, done.counts)
+            elif done.records is not None:
                 sink.add_records(done.records, done.counts)
             self._emit_metrics(sink, i, self.chunks[i], bases[i], fmt)
         self._emit_orphans(sink, used, source)
 
     def _part_jobs(
-        self, bases: list[int], source: str, cap: int | None, window: str
+        self, bases: list[int], source: str, cap: int | None, window: str, as_table: bool
     ) -> Iterator[PartJob]:
         """One job per chunk, made when submitted (each carries the tails of later chunks)."""
         for i, chunk in enumerate(self.chunks):
             later = {k: v for c in self.chunks[i + 1 :] for k, v in c.tails.items()}
             part = self._part(i, "heads")
-            yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window)
+            yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window, as_table)
 
     def _part(self, index: int, kind: str) -> str:
         return f"{self.part_prefixes[index]}.{kind}.parquet"

@@ -150,6 +150,14 @@ class ParquetSink(MemorySink):
         self.rows += len(frame)
         self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
 
+    def add_records_table(self, table: pa.Table, counts: pd.DataFrame) -> None:
+        """Write one chunk of records already converted by :func:`records_table`."""
+        if table.num_rows == 0:
+            return
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+        self.add_counts(counts)
+
     def close(self) -> None:
         """Finish the Parquet file (an empty run still leaves a valid, empty file)."""
         self.writer.close()
