@@ -55,7 +55,8 @@ def build_plan_from(
         max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes, responses=responses,
         embeddings=embeddings,
     )  # fmt: skip
-    return plan_for_engine(records, request, windows, forecast)
+    engine_settings = settings.engine(request.engine)
+    return plan_for_engine(records, request, windows, forecast, engine=engine_settings)
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:

@@ -3,7 +3,12 @@
 An item's score is the engine time it saves in the next window, in seconds::
 
     score = predicted_hits × (uncached prompt tokens × prefill s/token) × tenant weight
-            − warm cost (its own prefill + a fixed per-request overhead)
+            − warm_cost_weight × warm cost (its own prefill + a fixed per-request overhead)
+
+The warm cost is paid by the engine off the users' critical path (before traffic arrives), so it
+weighs far less than a user's wait (``warm_cost_weight`` well below 1): an item with expected
+hits is worth warming when there is room; the cost breaks ties, and the wall-time budget
+(charged the full warm cost) binds when warming time is short.
 
 Selection takes items by score under the budgets (item count, tokens = the engine's cache
 capacity, wall time at the engine's concurrency), gives every tenant at most its share of the
@@ -41,6 +46,8 @@ DEFAULT_REQUEST_OVERHEAD_S = 0.01
 DEFAULT_ADAPTER_LOAD_S = 0.5
 #: Decode cost per output token when never measured (a small model on CPU).
 DEFAULT_DECODE_S_PER_TOKEN = 0.02
+#: Weight of an engine second spent warming against a second a user waits (off the hot path).
+DEFAULT_WARM_COST_WEIGHT = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,7 @@ class EngineCost:
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
     adapter_load_s: float = DEFAULT_ADAPTER_LOAD_S
     decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
+    warm_cost_weight: float = DEFAULT_WARM_COST_WEIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,17 +199,19 @@ def warm_cost_s(item: WarmItem, cost: EngineCost) -> float:
 
 
 def score_item(item: WarmItem, cost: EngineCost, weight: float = 1.0) -> float:
-    """Seconds ``item`` saves in the next window minus what warming it costs.
+    """Seconds ``item`` saves in the next window minus the weighted cost of warming it.
 
     An adapter saves its load time once (on the first request), not per hit.
     """
     if item.kind == "adapter":
         saved = cost.adapter_load_s if item.predicted_hits > 0 else 0.0
-        return saved * weight - cost.request_overhead_s
+        return saved * weight - cost.warm_cost_weight * cost.request_overhead_s
     saved_per_hit = item.tokens * cost.prefill_s_per_token
     if item.kind == "response":  # a cached answer saves the decode too
         saved_per_hit += int(item.params.get("max_tokens", 16)) * cost.decode_s_per_token
-    return item.predicted_hits * saved_per_hit * weight - warm_cost_s(item, cost)
+    return item.predicted_hits * saved_per_hit * weight - cost.warm_cost_weight * warm_cost_s(
+        item, cost
+    )
 
 
 @dataclass

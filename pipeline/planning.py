@@ -4,11 +4,17 @@ Candidates are the shared prefixes of the records (:mod:`pipeline.prefixes`), th
 they used, optionally one representative request per workload shape (for a replica that just
 started), and the answers and embeddings of prompts asked repeatedly with greedy sampling.
 Predicted hits come from a forecast by item key when one is given (a learned model's
-next-window predictions) and from the frequency EWMA of each item's windows otherwise.
+next-window predictions) and from the frequency estimate of each item's windows otherwise.
+
+Token counts: the detector counts pseudo-tokens, which differ from an engine's real tokens
+(about 0.63 of them for a BPE model on English text), so a token budget in the engine's units
+would overfill. Counts measured by the engine's tokenizer come in as data
+(``token_counts``: item key → real tokens); unmeasured items are scaled by the measured ratio.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -149,14 +155,53 @@ def candidates(
     return items
 
 
+def token_ratio(items: list[WarmItem], token_counts: Mapping[str, int]) -> float | None:
+    """Measured real tokens per estimated token over the measured items (None: none measured)."""
+    estimated = sum(i.tokens for i in items if i.key in token_counts and i.tokens > 0)
+    measured = sum(token_counts[i.key] for i in items if i.key in token_counts and i.tokens > 0)
+    return measured / estimated if estimated and measured else None
+
+
+def with_token_counts(items: list[WarmItem], token_counts: Mapping[str, int]) -> list[WarmItem]:
+    """Items with the engine's measured token counts; unmeasured ones scaled by the ratio seen.
+
+    Adapters carry no prompt and keep their 0 tokens.
+    """
+    if not token_counts:
+        return items
+    ratio = token_ratio(items, token_counts)
+    out = []
+    for item in items:
+        if item.key in token_counts:
+            out.append(replace(item, tokens=int(token_counts[item.key])))
+        elif ratio is not None and item.tokens > 0:
+            out.append(replace(item, tokens=max(1, math.ceil(item.tokens * ratio))))
+        else:
+            out.append(item)
+    return out
+
+
 def plan_from_records(
     records: pd.DataFrame,
     request: PlanRequest,
     forecast: Mapping[str, float] | None = None,
     plan_id: str | None = None,
+    token_counts: Mapping[str, int] | None = None,
 ) -> WarmPlan:
     """A budgeted, ordered plan for ``request.engine`` from served-request records."""
-    items = candidates(records, request, forecast)
+    return plan_from_candidates(
+        candidates(records, request, forecast), request, plan_id, token_counts
+    )
+
+
+def plan_from_candidates(
+    items: list[WarmItem],
+    request: PlanRequest,
+    plan_id: str | None = None,
+    token_counts: Mapping[str, int] | None = None,
+) -> WarmPlan:
+    """A budgeted, ordered plan from :func:`candidates`, in the engine's tokens where measured."""
+    items = with_token_counts(items, token_counts or {})
     plan = build_plan(
         request.engine, items, request.budget, request.cost, request.weights, request.shares,
         plan_id,

@@ -192,15 +192,43 @@ def frequency_forecast(windows: Mapping[int, int], alpha: float = 0.5) -> float:
     return estimate
 
 
+def history_rate(windows: Mapping[int, int]) -> float:
+    """Mean hits per window over the whole span seen (first to last window, gaps as 0)."""
+    if not windows:
+        return 0.0
+    return sum(windows.values()) / (max(windows) - min(windows) + 1)
+
+
+def frequency_hits(windows: Mapping[int, int], alpha: float = 0.5) -> float:
+    """Next-window hits: the EWMA (recent trend) averaged with the whole-history rate.
+
+    The EWMA alone gives ``alpha·c`` for a single window of ``c`` requests and discounts a
+    prefix seen a few times earlier towards 0; the history rate keeps every prefix seen
+    predicted above 0 (its expected reuse), the EWMA still ranks recent ones higher.
+    """
+    return 0.5 * frequency_forecast(windows, alpha) + 0.5 * history_rate(windows)
+
+
+#: A learned forecast's prediction is floored at this share of the prefix's history rate.
+SEEN_FLOOR_SHARE = 0.1
+
+
 def prefix_items(
     prefixes: Iterable[SharedPrefix],
     forecast: Mapping[str, float] | None = None,
     window_s: int = 300,
 ) -> list[WarmItem]:
-    """Warm-up candidates for shared prefixes; hits from ``forecast`` or the frequency EWMA."""
+    """Warm-up candidates for shared prefixes; hits from ``forecast`` or :func:`frequency_hits`.
+
+    A prefix seen in the history is never predicted at exactly 0: a learned forecast's value is
+    floored at :data:`SEEN_FLOOR_SHARE` of its history rate.
+    """
     items = []
     for p in prefixes:
-        hits = (forecast or {}).get(p.key, frequency_forecast(p.windows))
+        if forecast is not None and p.key in forecast:
+            hits = max(forecast[p.key], SEEN_FLOOR_SHARE * history_rate(p.windows))
+        else:
+            hits = frequency_hits(p.windows)
         params: dict[str, Any] = {}
         if p.endpoint == "chat" and p.messages is None:
             params["add_special_tokens"] = False

@@ -4,7 +4,11 @@
 shares and tenant isolation from settings, forecasts next-window hits, and returns the plan.
 The forecast is the learned hotness model (``models.forecaster``) when the ingest's counts
 (``counts.parquet`` or ``windows.parquet``) have enough history and the model can be fitted;
-the frequency EWMA of the records otherwise.
+the frequency estimate of the records otherwise.
+
+Token counts are measured through the engine's own tokenizer (``POST /tokenize``, offered by
+vLLM and the simulator) before budgeting, so the token budget (the engine's cache capacity) is
+in the engine's units; when the engine does not answer, the pseudo-token estimate stays.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmPlan
-from pipeline.planning import PlanRequest, plan_from_records
-from tasks.settings import Settings
+from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planning import PlanRequest, candidates, plan_from_candidates
+from tasks.engine_client import EngineClient, RetryPolicy
+from tasks.settings import EngineSettings, Settings
 
 log = logging.getLogger(__name__)
 #: Fewer windows than this and a learned model has nothing to learn from.
 MIN_WINDOWS_FOR_MODEL = 8
+#: At most this many items are tokenized per plan; the rest are scaled by the measured ratio.
+MAX_TOKENIZED = 256
 
 
 def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
@@ -94,18 +101,57 @@ def plan_request(
     )  # fmt: skip
 
 
+def _tokenize_body(item: WarmItem, model: str) -> dict[str, object]:
+    if item.messages is not None:
+        return {"model": model, "messages": [dict(m) for m in item.messages]}
+    body: dict[str, object] = {"model": model, "prompt": item.text}
+    if "add_special_tokens" in item.params:
+        body["add_special_tokens"] = item.params["add_special_tokens"]
+    return body
+
+
+def measure_tokens(
+    items: list[WarmItem], engine: EngineSettings, limit: int = MAX_TOKENIZED
+) -> dict[str, int]:
+    """Real token counts of ``items`` by the engine's tokenizer (``POST /tokenize``).
+
+    Returns what was measured (item key → tokens); empty when the engine has no tokenizer
+    endpoint or does not answer — the caller keeps its estimates then.
+    """
+    prompts = [i for i in items if i.text is not None or i.messages is not None][:limit]
+    counts: dict[str, int] = {}
+    client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=2))
+    try:
+        for item in prompts:
+            body = client.post("/tokenize", _tokenize_body(item, engine.model)).json()
+            counts[item.key] = int(body["count"])
+    except (PrewarmError, ValueError, KeyError, TypeError) as exc:
+        log.info("engine %s: no token counts (%s); using estimates", engine.name, exc)
+        return counts
+    finally:
+        client.close()
+    return counts
+
+
 def plan_for_engine(
     records: pd.DataFrame,
     request: PlanRequest,
     windows: Path | None = None,
     forecast: str = "auto",
+    engine: EngineSettings | None = None,
 ) -> WarmPlan:
-    """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``."""
+    """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``.
+
+    With ``engine`` given, token counts are measured through its tokenizer before budgeting.
+    """
     predicted = None
     if forecast != "frequency" and windows is not None:
         predicted = learned_forecast(windows)
         if predicted is None and forecast == "model":
             raise BadInputError("the learned forecast is unavailable", where=str(windows))
-    plan = plan_from_records(records, request, predicted)
-    note = "forecast: model" if predicted is not None else "forecast: frequency"
-    return replace(plan, notes=(*plan.notes, note))
+    items = candidates(records, request, predicted)
+    counts = measure_tokens(items, engine) if engine is not None else {}
+    plan = plan_from_candidates(items, request, token_counts=counts)
+    notes = ["forecast: model" if predicted is not None else "forecast: frequency"]
+    notes.append(f"tokens: measured {len(counts)} by the engine" if counts else "tokens: estimated")
+    return replace(plan, notes=(*plan.notes, *notes))

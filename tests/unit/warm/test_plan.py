@@ -26,7 +26,9 @@ def item(key, hits, tokens=100, tenant="default", profile=None, **kw):
 
 def test_score_is_time_saved_minus_warm_cost():
     a = item("a", hits=10, tokens=200)
-    assert score_item(a, COST) == pytest.approx(10 * 0.2 - (0.2 + 0.01))
+    assert score_item(a, COST) == pytest.approx(10 * 0.2 - COST.warm_cost_weight * (0.2 + 0.01))
+    full = EngineCost(prefill_s_per_token=1e-3, request_overhead_s=0.01, warm_cost_weight=1.0)
+    assert score_item(a, full) == pytest.approx(10 * 0.2 - (0.2 + 0.01))
     assert score_item(a, COST, weight=2.0) > score_item(a, COST)
     assert score_item(item("cold", hits=0), COST) < 0
 
@@ -39,6 +41,21 @@ def test_token_budget_keeps_the_most_valuable_and_primes_it_last():
     assert keys[-1] == "big"
     assert plan.tokens <= 700
     assert plan.dropped == 2
+
+
+def test_a_cache_with_room_warms_an_item_predicted_at_one_hit():
+    # warming is paid off the users' path: one expected hit is worth it when the cache has room
+    cands = [item("once", 1.0, 800), item("twice", 2.0, 1200), item("never", 0.0, 500)]
+    plan = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=10_000), COST)
+    assert {i.key for i in plan.items} == {"once", "twice"}
+    assert [i.key for i in plan.items][-1] == "twice"
+
+
+def test_warm_cost_breaks_ties_when_the_budget_binds():
+    # both save the same time (hits × tokens); the one cheaper to warm takes the only slot
+    cheap, dear = item("cheap", 2.0, 300), item("dear", 2.0 * 300 / 310, 310)
+    plan = build_plan("e", [dear, cheap], PlanBudget(max_items=1), COST)
+    assert [i.key for i in plan.items] == ["cheap"]
 
 
 def test_item_and_time_budgets():

@@ -6,7 +6,7 @@ import pandas as pd
 
 from pipeline.keys import CacheKey
 from pipeline.plan import PlanBudget
-from pipeline.planning import PlanRequest, plan_from_records
+from pipeline.planning import PlanRequest, candidates, plan_from_records
 from pipeline.records import records_frame
 from pipeline.windows import item_window_counts
 from tasks.settings import Settings
@@ -67,3 +67,37 @@ def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
     short = plan_for_engine(records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=30)],
                             request, None)  # fmt: skip
     assert "forecast: frequency" in short.notes
+
+
+def _templates(uses: dict[str, int]) -> pd.DataFrame:
+    start, rows = pd.Timestamp("2026-01-01T00:00:00Z"), []
+    for n, (team, count) in enumerate(uses.items()):
+        head = f"You are the assistant of the {team} team; follow the {team} policy. " * 40
+        rows += [{"ts": start + pd.Timedelta(seconds=10 * n + k), "model": "m",
+                  "prompt": head + f"Question {k} from {team}?"} for k in range(count)]  # fmt: skip
+    return records_frame(rows)
+
+
+def test_a_cache_with_room_warms_a_twice_seen_prefix():
+    records = _templates({"billing": 2, "search": 3, "legal": 9})
+    request = PlanRequest(engine="e", model="m", budget=PlanBudget(max_tokens=100_000))
+    plan = plan_from_records(records, request)
+    assert len([i for i in plan.items if i.kind == "prefix"]) == 3
+    assert plan.items[-1].text.startswith("You are the assistant of the legal team")
+
+
+def test_a_budget_in_real_tokens_never_overfills():
+    uses = {team: 2 + n for n, team in enumerate(("a", "b", "c", "d", "e", "f", "g", "h"))}
+    records = _templates(uses)
+    request = PlanRequest(engine="e", model="m", budget=PlanBudget(max_tokens=1))
+    found = candidates(records, request)
+    # the engine counts 1.6 real tokens per estimated one; half the items are measured
+    measured = {i.key: int(i.tokens * 1.6) + 3 for i in found[::2]}
+    estimates = {i.key: i.tokens for i in found}
+    estimated = sum(estimates.values())
+    for budget in (estimated // 4, estimated // 2, estimated):
+        request = PlanRequest(engine="e", model="m", budget=PlanBudget(max_tokens=budget))
+        plan = plan_from_records(records, request, token_counts=measured)
+        for item in plan.items:  # measured counts as measured, the rest scaled by the ratio
+            assert item.tokens == measured.get(item.key, item.tokens) >= 1.6 * estimates[item.key]
+        assert plan.tokens <= budget and len(plan.items) >= 1

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.prefix import prefix_chain
-from pipeline.prefixes import detect_prefixes, frequency_forecast, prefix_items
+from pipeline.prefixes import (
+    detect_prefixes,
+    frequency_forecast,
+    frequency_hits,
+    history_rate,
+    prefix_items,
+)
 from pipeline.records import records_frame
 
 SYSTEM = "You are a careful assistant for the billing team. " * 8
@@ -85,3 +91,15 @@ def test_prefixes_carry_the_workload_profile_of_their_requests():
     frame["profile"] = ["chat"] * 4 + ["batch"] + ["batch"] * 2
     items = {i.text[:10]: i for i in prefix_items(detect_prefixes(frame))}
     assert items[SYSTEM[:10]].profile == "chat" and items[OTHER[:10]].profile == "batch"
+
+
+def test_a_prefix_seen_in_history_is_never_forecast_at_zero():
+    assert history_rate({0: 2, 5: 1}) == 3 / 6
+    # two requests in one window: the EWMA alone says 1.0; the history rate says 2
+    assert frequency_hits({0: 2}) == 0.5 * 1.0 + 0.5 * 2.0
+    # an early burst long ago still predicts some reuse
+    assert frequency_hits({0: 3, 20: 0}) > 0
+    prompts = [SYSTEM + f"q{n} " * 3 for n in range(2)]
+    found = detect_prefixes(_records(prompts))
+    learned = prefix_items(found, forecast={found[0].key: 0.0})
+    assert learned[0].predicted_hits > 0  # a learned 0 is floored for a prefix seen
