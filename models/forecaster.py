@@ -96,8 +96,11 @@ class HotnessForecaster(HotnessModel):
         split = end - self.validation_windows
         if self.validation_windows <= 0 or split - first < 1:
             return self.n_estimators
-        train = self._dataset(matrix, first, split)
-        valid = self._dataset(matrix, split, end, reference=train)
+        try:
+            train = self._dataset(matrix, first, split)
+            valid = self._dataset(matrix, split, end, reference=train)
+        except BadInputError:  # no requests on one side: nothing to choose with
+            return self.n_estimators
         booster = lgb.train(
             self.lgb_params(),
             train,
