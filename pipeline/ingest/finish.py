@@ -3,8 +3,8 @@
 Once every chunk of a file is parsed, each chunk's heads still need the tails of later chunks,
 resolved timestamps, the canonical columns and their window counts. Those steps read only the
 chunk's own part and a few file-wide facts (year base, ``--max-log-len``), so they run in
-parallel; the parent only writes what comes back, in chunk order. At most ``workers + 1``
-finished chunks wait in the parent, so memory stays bounded by the chunk size.
+parallel; the parent only writes what comes back, in chunk order. At most ``workers`` chunks
+are in flight, so memory stays bounded by the chunk size.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -76,6 +76,7 @@ def read_part(path: str) -> pd.DataFrame:
 
 def finish_part(job: PartJob) -> FinishedPart:
     """Join later tails, resolve timestamps, conform the columns and count windows."""
+    pa.default_memory_pool().release_unused()  # the previous chunk's buffers, kept for reuse
     frame = read_part(job.part)
     done = FinishedPart(assemble.apply_tails(frame, job.tails))
     if frame.empty:
@@ -88,6 +89,7 @@ def finish_part(job: PartJob) -> FinishedPart:
         frame["ts"] = assemble.resolve_tgi_ts(frame)
     done.recent_ids = frame["request_id"].dropna().tolist()[-RECENT_IDS:]
     records = assemble.finalize_log_records(frame, job.source, job.cap, job.options)
+    del frame  # the heads and the records of a chunk are never both needed past this point
     done.rows = len(records)
     if not records.empty:
         done.counts = item_window_counts(records, job.window)
@@ -98,18 +100,28 @@ def finish_part(job: PartJob) -> FinishedPart:
     return done
 
 
-def ordered_map(fn: Callable[[Job], Done], jobs: Iterable[Job], workers: int) -> Iterator[Done]:
-    """``map(fn, jobs)`` over ``workers`` forked processes, in order, ``workers + 1`` ahead."""
-    if workers <= 1:
-        yield from map(fn, jobs)
-        return
+def finishing_pool(workers: int) -> Executor | None:
+    """Processes that finish chunks (``None``: this one). Start it while this process is
+    small: forked workers share its pages, and a run's parent grows (counts, tails) until the
+    last file is finished, so a later fork would cost ~300 MB more at the peak of a 1 GB log."""
+    if workers < 1:
+        return None
     # fork: the workers inherit the imported modules (a fresh interpreter costs ~1 s each)
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        pending: deque[Future[Done]] = deque()
-        for job in jobs:
-            pending.append(pool.submit(fn, job))
-            if len(pending) > workers:
-                yield pending.popleft().result()
-        while pending:
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+def ordered_map(
+    fn: Callable[[Job], Done], jobs: Iterable[Job], pool: Executor | None, ahead: int
+) -> Iterator[Done]:
+    """``map(fn, jobs)`` on ``pool`` (or here), in order, at most ``ahead`` jobs in flight."""
+    if pool is None:
+        yield from map(fn, jobs)
+        return
+    pending: deque[Future[Done]] = deque()
+    for job in jobs:
+        pending.append(pool.submit(fn, job))
+        if len(pending) >= ahead:
             yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()

@@ -60,9 +60,12 @@ def python_str_at(text: str, pos: int) -> tuple[str | None, int] | None:
 
 def decode_python_str(literal: str) -> str:
     """Decode one quoted Python string literal (as printed by ``repr``)."""
-    if "\\" not in literal:
-        return literal[1:-1]
-    return _PY_ESCAPE.sub(_py_escape, literal[1:-1])
+    body = literal[1:-1]
+    if "\\" not in body:
+        return body
+    if "\\" not in body.replace("\\n", ""):  # only newlines escaped: the usual chat prompt
+        return body.replace("\\n", "\n")
+    return _PY_ESCAPE.sub(_py_escape, body)
 
 
 def _py_escape(match: re.Match[str]) -> str:

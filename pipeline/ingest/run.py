@@ -23,7 +23,7 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import assemble
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.detect import FORMATS, detect_format
-from pipeline.ingest.finish import PartJob, finish_part, ordered_map, read_part
+from pipeline.ingest.finish import PartJob, finish_part, finishing_pool, ordered_map, read_part
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_chunk, plan_chunks
@@ -135,10 +135,14 @@ class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
     def __init__(
-        self, plan: FilePlan, options: IngestOptions, part_prefixes: list[str], workers: int = 1
+        self,
+        plan: FilePlan,
+        options: IngestOptions,
+        part_prefixes: list[str],
+        pool: Executor | None = None,
     ) -> None:
         self.plan = plan
-        self.workers = workers  # processes finishing chunks (1: this one)
+        self.pool = pool  # processes finishing chunks (None: this one)
         self.options = options
         self.part_prefixes = part_prefixes
         self.chunks: list[ChunkResult] = []
@@ -180,7 +184,7 @@ class FileAssembly:
         used: set[str] = set(self.plan.state.recent_ids)
         as_table = isinstance(sink, ParquetSink)
         jobs = self._part_jobs(bases, source, cap, sink.window, as_table)
-        for i, done in enumerate(ordered_map(finish_part, jobs, self.workers)):
+        for i, done in enumerate(ordered_map(finish_part, jobs, self.pool, self.options.workers)):
             used |= done.used
             self.plan.state.recent_ids.extend(done.recent_ids)
             self.summary.records += done.rows
@@ -189,6 +193,9 @@ class FileAssembly:
             elif done.records is not None:
                 sink.add_records(done.records, done.counts)
             self._emit_metrics(sink, i, self.chunks[i], bases[i], fmt)
+            del done
+            # Arrow's allocator keeps freed chunk buffers for reuse: ~100 MB per chunk in flight
+            pa.default_memory_pool().release_unused()
         self._emit_orphans(sink, used, source)
 
     def _part_jobs(
@@ -287,16 +294,47 @@ def run_ingest(
         raise BadInputError(f"unknown format {options.format!r}; one of {FORMATS}", where="format")
     _check_tz(options.tz)
     plans = [plan_file(p, options, state) for p in expand_paths(paths)]
+    # forked first, while this process is small (see finishing_pool)
+    # One finishing process: with two, their chunks' working sets (~190 MB each) on top of the
+    # parent's counts pushed a 1 GB vLLM log past 1 GB peak; one still takes the finishing off
+    # the parent, which meanwhile writes the previous chunk.
+    pool = finishing_pool(1) if options.workers > 1 and _many_chunks(plans) else None
+    try:
+        summaries = _run_plans(plans, options, sink, state is not None, pool, progress)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    for i, plan in enumerate(plans):
+        if i not in summaries:
+            summaries[i] = _unknown_summary(plan, options)
+        if state is not None and plan.format is not None:
+            state.update(plan.state)
+    return [summaries[i] for i in range(len(plans))]
+
+
+def _many_chunks(plans: list[FilePlan]) -> bool:
+    return any(len(p.chunks) > 1 for p in plans)
+
+
+def _run_plans(
+    plans: list[FilePlan],
+    options: IngestOptions,
+    sink: MemorySink,
+    incremental: bool,
+    pool: Executor | None,
+    progress: Progress | None,
+) -> dict[int, FileSummary]:
+    """Parse every chunk, finishing each file as soon as its last chunk is in."""
     summaries: dict[int, FileSummary] = {}
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
-        jobs, owners = _jobs(plans, options, state is not None, scratch)
+        jobs, owners = _jobs(plans, options, incremental, scratch)
         assemblies = {
             i: FileAssembly(
                 p,
                 options,
                 [j.part_prefix for j, o in zip(jobs, owners, strict=True) if o == i],
-                options.workers,
+                pool,
             )
             for i, p in enumerate(plans)
         }
@@ -315,12 +353,7 @@ def run_ingest(
         # gone by then, so their memory is not held while the parent assembles.
         if jobs:
             summaries[owners[last]] = assemblies[owners[last]].finish(sink)
-    for i, plan in enumerate(plans):
-        if i not in summaries:
-            summaries[i] = _unknown_summary(plan, options)
-        if state is not None and plan.format is not None:
-            state.update(plan.state)
-    return [summaries[i] for i in range(len(plans))]
+    return summaries
 
 
 def _jobs(

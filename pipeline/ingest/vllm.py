@@ -52,6 +52,14 @@ _FINISHED_OK = ("stop", "length", "tool_calls", "streaming_complete", "abort")
 _HASH_CACHE_SIZE = 4096
 
 
+def _strip_ansi(line: str) -> str:
+    """``line`` without colour codes; only the part up to the last code is rewritten (codes
+    colour the envelope, a long message after them is copied once, not scanned again)."""
+    last = line.rfind("\x1b")
+    end = line.find("m", last) + 1 or last + 1  # a code cannot hold an "m" before its end
+    return ANSI.sub("", line[:end]) + line[end:]
+
+
 class VllmChunkParser:
     """Parse the lines of one chunk of a vLLM log into heads, tails and metrics."""
 
@@ -77,7 +85,7 @@ class VllmChunkParser:
         for line_no, line in enumerate(lines, first_line):
             self.line_no = line_no
             if "\x1b" in line:
-                line = ANSI.sub("", line)
+                line = _strip_ansi(line)
             if line.endswith("\r"):
                 line = line[:-1]
             start = 0
