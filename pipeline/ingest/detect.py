@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.ingest.lines import gunzip_blocks, is_gzip
+from pipeline.ingest.lines import read_head
 from pipeline.ingest.tgi import EVENT_START
 from pipeline.ingest.vllm import ANSI
 
@@ -72,19 +71,7 @@ LINE_TESTS: dict[str, Callable[[str], bool]] = {
 
 def head_lines(path: Path, limit: int = SAMPLE_LINES) -> list[str]:
     """The first non-blank lines of a file, ANSI codes stripped, bad bytes replaced."""
-    with open(path, "rb") as raw:
-        if is_gzip(path):
-            data = b""
-            try:
-                for block in gunzip_blocks(raw, HEAD_BYTES):
-                    data += block
-                    if len(data) >= HEAD_BYTES:
-                        break
-            except (EOFError, OSError, zlib.error):
-                pass  # whatever came out before the damage is still a sample
-        else:
-            data = raw.read(HEAD_BYTES)
-    text = data[:HEAD_BYTES].decode("utf-8", "replace")
+    text = read_head(path, HEAD_BYTES).decode("utf-8", "replace")
     lines = [ANSI.sub("", line).rstrip("\r") for line in text.split("\n")[:-1] or [text]]
     return [line for line in lines if line.strip()][:limit]
 

@@ -70,6 +70,25 @@ def gunzip_blocks(raw: BinaryIO, size: int) -> Iterator[bytes]:
             pending, inflater, fed = inflater.unused_data, zlib.decompressobj(wbits=31), False
 
 
+def read_head(path: Path, limit: int) -> bytes:
+    """The first ``limit`` bytes of a file, decompressed when it is gzip.
+
+    A damaged gzip gives whatever came out before the damage: a head is a sample, not data.
+    """
+    with open(path, "rb") as raw:
+        if not is_gzip(path):
+            return raw.read(limit)
+        data = b""
+        try:
+            for block in gunzip_blocks(raw, limit):
+                data += block
+                if len(data) >= limit:
+                    break
+        except (EOFError, OSError, zlib.error):
+            pass
+        return data[:limit]
+
+
 def _skip(blocks: Iterator[bytes], count: int) -> Iterator[bytes]:
     """``blocks`` without their first ``count`` bytes."""
     for block in blocks:

@@ -22,6 +22,7 @@ from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import EVENT_START, TgiChunkParser
 from pipeline.ingest.vllm import ANSI, VllmChunkParser
+from pipeline.records import RECORD_DTYPES
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
@@ -133,26 +134,10 @@ def _parse_trace(spec: ChunkSpec, options: IngestOptions, result: ChunkResult) -
     return result
 
 
+# The record contract's dtypes for what a head carries (``ts`` stays text until the file's year
+# and zone are resolved; ``source`` and ``prefix_hashes`` are set later), plus the parser's own.
 _HEAD_DTYPES = {
-    "request_id": "string",
-    "model": "string",
-    "adapter": "string",
-    "tenant": "string",
-    "endpoint": "string",
-    "prompt": "string",
-    "prompt_truncated": "boolean",
-    "prompt_tokens": "Int64",
-    "output_tokens": "Int64",
-    "temperature": "Float64",
-    "top_p": "Float64",
-    "top_k": "Int64",
-    "max_tokens": "Int64",
-    "seed": "Int64",
-    "params_hash": "string",
-    "ttft_s": "Float64",
-    "e2e_s": "Float64",
-    "queue_s": "Float64",
-    "status": "string",
+    **{c: t for c, t in RECORD_DTYPES.items() if c not in ("ts", "source", "prefix_hashes")},
     "_line": "Int64",
     "_ids_len": "Int64",
     "_ts_minus_s": "Float64",

@@ -18,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BadInputError
-from pipeline.ingest.lines import gunzip_blocks, is_gzip
+from pipeline.ingest.lines import is_gzip, read_head
 
 #: bytes of a file's head that name its content; a log's first line alone is usually unique
 HEAD_BYTES = 4096
@@ -51,18 +50,7 @@ class FileState:
 
 
 def _head(path: Path) -> bytes:
-    with open(path, "rb") as raw:
-        if not is_gzip(path):
-            return raw.read(HEAD_BYTES)
-        data = b""
-        try:
-            for block in gunzip_blocks(raw, HEAD_BYTES):
-                data += block
-                if len(data) >= HEAD_BYTES:
-                    break
-        except (EOFError, OSError, zlib.error):
-            pass
-        return data[:HEAD_BYTES]
+    return read_head(path, HEAD_BYTES)
 
 
 def identify(path: str | Path) -> FileState:

@@ -41,17 +41,11 @@ from pipeline.ingest.lines import LineReader
 from pipeline.ingest.summary import Rejects
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
 from pipeline.records import RECORD_COLUMNS, conform_records
+from pipeline.windows import COUNT_DTYPES
 
 TRACE_EPOCH = pd.Timestamp("2024-01-01T00:00:00Z")
 SERVEGEN_WINDOW_S = 600
-COUNT_COLUMNS = (
-    "item_kind",
-    "item_key",
-    "window_start",
-    "requests",
-    "prompt_tokens",
-    "output_tokens",
-)
+COUNT_COLUMNS = tuple(COUNT_DTYPES)
 _SERVEGEN_NAME = re.compile(r"chunk-(\d+)-trace\.csv$")
 
 Row = dict[str, Any]
@@ -192,16 +186,7 @@ def servegen_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOC
 def counts_frame(rows: list[Row]) -> pd.DataFrame:
     """A counts-shape DataFrame (see :mod:`pipeline.windows`) from row dicts."""
     frame = pd.DataFrame(rows, columns=list(COUNT_COLUMNS))
-    return frame.astype(
-        {
-            "item_kind": "string",
-            "item_key": "string",
-            "window_start": "datetime64[us, UTC]",
-            "requests": "int64",
-            "prompt_tokens": "int64",
-            "output_tokens": "int64",
-        }
-    )
+    return frame.astype(COUNT_DTYPES)
 
 
 def read_servegen(path_or_dir: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) -> pd.DataFrame:
