@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,20 +46,6 @@ from tasks import settings as settings_module  # noqa: E402
 from tasks.targets.base import WarmOptions  # noqa: E402
 
 QUEUE = "warm-bench"
-
-
-def _nodelay_bind(host: str, port: int) -> socket.socket:
-    """The simulator's listener with TCP_NODELAY (inherited by accepted sockets).
-
-    Without it every JSON response waits ~40 ms for a delayed ACK (header and body go out as
-    two writes), which would measure the kernel, not prewarm.
-    """
-    sock = _plain_bind(host, port)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-_plain_bind = sim_runner._bind
 
 
 def items(n: int, tag: str) -> list[WarmItem]:
@@ -119,7 +104,6 @@ def main() -> None:
     broker, store_url = f"{args.redis}/{args.db}", f"{args.redis}/{args.db + 1}"
     for url in (broker, store_url):
         redis.Redis.from_url(url).flushdb()
-    sim_runner._bind = _nodelay_bind
     config = SimulatorConfig(latency=LatencyModel(0.0, 0.0, 0.0), capacity_blocks=1_000_000,
                              max_num_seqs=256)  # fmt: skip
     with sim_runner.SimulatorServer(config) as sim, tempfile.TemporaryDirectory() as tmp:

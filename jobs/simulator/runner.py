@@ -32,6 +32,9 @@ def _describe(config: SimulatorConfig, url: str) -> str:
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this: without it, Nagle plus the client's delayed ACK adds
+    # ~40 ms to every small keep-alive response (measured 44 ms median, 1 ms with it).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
