@@ -5,8 +5,8 @@ Marked ``vllm``: not part of the default suite. Run it with
 venv (``PREWARM_VLLM_PYTHON``) and the locally built model (``PREWARM_VLLM_MODEL``); without
 them it skips with the reason. Takes 3-5 minutes (three engine starts).
 
-Every template the history used at least four times must be served from cache on its first
-use; the control (no warm-up) serves none. Hits are read from
+Every template the history used at least twice (what shared-prefix detection can see) must be
+served from cache on its first use; the control (no warm-up) serves none. Hits are read from
 ``usage.prompt_tokens_details.cached_tokens`` (exact); timings are left to
 ``benchmarks/engines/vllm_cold_start.py``.
 """
@@ -20,9 +20,9 @@ import pytest
 from benchmarks.engines.engine import missing_prerequisites
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1800)]
-#: History uses from which a template counts as hot (a frequency forecast of 4 uses in one or two
-#: windows stays above one predicted hit, so warming it always pays).
-HOT_USES = 4
+#: History uses from which a template is a shared prefix (one use is no sharing): with room in
+#: the cache, every such prefix has expected hits and is warmed.
+HOT_USES = 2
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ def test_prewarm_serves_first_uses_from_cache_after_restart(engine_ready, tmp_pa
     # The control: a restarted engine has nothing cached for any template's first request.
     assert arms["none"]["first_uses"] > 0
     assert arms["none"]["first_use_hits"] == 0
-    # Templates the history used often must be warm on first use. Rarely used ones (1-3 uses)
-    # may be scored out by the plan (warming costs a prefill); the benchmark measures that part.
+    # Templates the history shared must be warm on first use; one seen once cannot be told apart
+    # from a unique prompt and may stay cold.
     used = Counter(request.template for request in workload.history)
     firsts = [workload.future[p].template for p in workload.first_uses()]
     hot = [n for n, template in enumerate(firsts) if used[template] >= HOT_USES]
