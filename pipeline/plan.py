@@ -275,11 +275,15 @@ def select_items(
     """Score ``candidates``, pick what fits the budgets; return (items in priming order, dropped).
 
     Profile representatives are taken first (the best-scoring item of each profile, even when
-    its score is negative); then the rest by score while it is positive and fits.
+    its score is negative); then the rest while the score is positive and the item fits. Under a
+    token budget the cache is a knapsack, so the rest go by score per token (the greedy that
+    saves the most seconds per token of cache); otherwise by score.
     """
     weights, limits = weights or {}, _Limits(budget, shares or {}, cost)
     scored = [replace(c, score=score_item(c, cost, weights.get(c.tenant, 1.0))) for c in candidates]
     scored.sort(key=lambda i: (-i.score, i.key))
+    if budget.max_tokens is not None:
+        scored.sort(key=lambda i: -i.score / max(1, i.tokens))  # stable: ties keep score order
     chosen: dict[str, WarmItem] = {}
     tally = _Tally()
     for item in _representatives(scored) + scored:

@@ -43,6 +43,14 @@ def test_token_budget_keeps_the_most_valuable_and_primes_it_last():
     assert plan.dropped == 2
 
 
+def test_a_binding_token_budget_goes_by_seconds_saved_per_token():
+    # one long, rarely used prefix against two shorter, busier ones that fit together
+    cands = [item("long", 4, 1400), item("busy", 8, 620), item("busier", 7, 740)]
+    plan = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=1400), COST)
+    assert {i.key for i in plan.items} == {"busy", "busier"}
+    assert plan.tokens <= 1400
+
+
 def test_a_cache_with_room_warms_an_item_predicted_at_one_hit():
     # warming is paid off the users' path: one expected hit is worth it when the cache has room
     cands = [item("once", 1.0, 800), item("twice", 2.0, 1200), item("never", 0.0, 500)]
