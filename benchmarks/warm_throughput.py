@@ -7,11 +7,13 @@ Four settings, each run ``--repeats`` times (median reported), all in the same p
 
 Items are text prefixes (about 64 pseudo-tokens each, every one new to the engine), primed and
 verified by a probe, as ``prewarm warm`` does. One ``celery worker --pool solo`` process does all
-the work; the simulator runs on a thread of this process; time is taken from ``submit_plan`` to
-the plan's last batch result. Two rates per setting: items per wall-clock second (bounded by
-whatever is slowest — on a small machine, the simulator's own ~1 ms of Python per prompt) and
-items per CPU-second of the worker process (what one worker process can do when the engine
-keeps up). Goals: >= 1,000 items/s per worker process with batching; WAL overhead <= 15%.
+the work; the simulator is served by its own process (``prewarm simulator --no-stdout-log``: an
+engine is its own server, and vLLM logs no requests unless asked), so it shares no interpreter
+lock with this process's polling (every 50 ms); time is taken from ``submit_plan`` to the plan's
+last batch result. Two rates per setting: items per wall-clock second (bounded by whatever is
+slowest — on a small machine, the simulator's own Python per prompt) and items per CPU-second of
+the worker process (what one worker process can do when the engine keeps up). Goals: >= 1,000
+items/s per worker process with batching; WAL overhead <= 15%.
 
 Usage::
 
@@ -24,8 +26,10 @@ Uses Redis databases ``db`` (broker) and ``db + 1`` (store), flushing both.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import redis
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jobs.simulator import runner as sim_runner  # noqa: E402
-from jobs.simulator.engine import LatencyModel, SimulatorConfig  # noqa: E402
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
 from tasks.targets.base import WarmOptions  # noqa: E402
@@ -67,6 +70,37 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def simulator_process():
+    """``prewarm simulator`` at zero latency in its own process; yields its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-c", "from jobs.cli import main; main()", "simulator", "--port",
+           str(port), "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
+           "--overhead-ms", "0", "--capacity-blocks", "1000000", "--max-num-seqs", "256",
+           "--no-stdout-log"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"simulator did not start (exit code {proc.poll()})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def run_once(
     n: int, batch_size: int, use_wal: bool, settings, worker: psutil.Process
 ) -> tuple[float, float]:
@@ -83,7 +117,7 @@ def run_once(
         report = plan_report(plan_id, settings=settings)
         if report["done"]:
             break
-        time.sleep(0.01)
+        time.sleep(0.05)
     elapsed = time.perf_counter() - started
     cpu = sum(worker.cpu_times()[:2]) - cpu_before
     if report["items_ok"] != n:
@@ -104,11 +138,9 @@ def main() -> None:
     broker, store_url = f"{args.redis}/{args.db}", f"{args.redis}/{args.db + 1}"
     for url in (broker, store_url):
         redis.Redis.from_url(url).flushdb()
-    config = SimulatorConfig(latency=LatencyModel(0.0, 0.0, 0.0), capacity_blocks=1_000_000,
-                             max_num_seqs=256)  # fmt: skip
-    with sim_runner.SimulatorServer(config) as sim, tempfile.TemporaryDirectory() as tmp:
+    with simulator_process() as sim_url, tempfile.TemporaryDirectory() as tmp:
         toml = Path(tmp) / "prewarm.toml"
-        toml.write_text(f'[[engines]]\nname = "sim"\nurl = "{sim.url}"\nmodel = "sim-llm"\n'
+        toml.write_text(f'[[engines]]\nname = "sim"\nurl = "{sim_url}"\nmodel = "sim-llm"\n'
                         'kind = "simulator"\nmax_concurrency = 8\n')  # fmt: skip
         env = {**os.environ, "PREWARM_CONFIG": str(toml), "PREWARM_REDIS_URL": broker,
                "PREWARM_STORE_URL": store_url, "PYTHONPATH": str(REPO)}  # fmt: skip

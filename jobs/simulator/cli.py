@@ -25,10 +25,11 @@ def simulator(
     max_model_len: Annotated[int, Opt(min=16, help="Context length in tokens.")] = 32_768,
     stats_interval_s: Annotated[float, Opt(min=0.1, help="Seconds between stats lines.")] = 10.0,
     log_file: Annotated[Path | None, Opt(help="Also append the vLLM-format log here.")] = None,
+    stdout_log: Annotated[bool, Opt(help="Write the vLLM-format log to standard output.")] = True,
 ) -> None:
     """Serve the engine SIMULATOR (OpenAI-compatible, vLLM-format logs; latencies simulated)."""
+    from jobs.simulator import runner
     from jobs.simulator.engine import LatencyModel, SimulatorConfig
-    from jobs.simulator.runner import SimulatorServer, stdout_log
 
     config = SimulatorConfig(
         model=model,
@@ -40,7 +41,8 @@ def simulator(
         stats_interval_s=stats_interval_s,
         log_file=log_file,
     )
-    SimulatorServer(config, host=host, port=port, log_stream=stdout_log()).serve_forever()
+    stream = runner.stdout_log() if stdout_log else None
+    runner.SimulatorServer(config, host=host, port=port, log_stream=stream).serve_forever()
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ and its confidence can be checked by asking again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass
@@ -77,8 +78,9 @@ class SimulatedToken:
     top: tuple[tuple[str, float], ...]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def token_id(text: str) -> int:
-    """A stable token id for a (pseudo-)token's text."""
+    """A stable token id for a (pseudo-)token's text (memoised: token texts repeat a lot)."""
     digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") % VOCAB_SIZE
 

@@ -94,6 +94,7 @@ class VllmLogWriter:
         self._lock = threading.Lock()
         self._file = _open_log(path) if path else None
         self._stream = stream
+        self.enabled = self._file is not None or stream is not None
 
     def _write(self, text: str, *, tagged: bool = True) -> None:
         line = f"(APIServer pid={self.pid}) {text}\n" if tagged else f"{text}\n"
@@ -105,6 +106,8 @@ class VllmLogWriter:
 
     def log(self, level: str, where: str, message: str) -> None:
         """One vLLM logger line: level, UTC timestamp without year, ``[file:line]``, message."""
+        if not self.enabled:
+            return
         stamp = datetime.now(UTC).strftime("%m-%d %H:%M:%S")
         self._write(f"{level} {stamp} [{where}] {message}")
 
@@ -128,6 +131,8 @@ class VllmLogWriter:
         lora_request: str | None,
     ) -> None:
         """The DEBUG details line and the INFO ``Received request`` line, in vLLM's order."""
+        if not self.enabled:
+            return
         ids = None if prompt_token_ids is None else list(prompt_token_ids)
         self.log(
             "DEBUG",

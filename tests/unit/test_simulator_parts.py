@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from jobs.simulator.cache import BlockPrefixCache
 from jobs.simulator.chat import render_chat
 from jobs.simulator.outputs import generate_tokens, natural_length
-from jobs.simulator.vllm_log import SamplingParamsView
+from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter
 from pipeline.errors import BadInputError
 from pipeline.prefix import block_hashes
 from tests.conftest import REPO_ROOT
@@ -83,3 +84,17 @@ def test_sampling_params_repr_has_the_field_order_of_a_real_vllm():
 def test_greedy_params_are_normalised_like_vllm():
     text = repr(SamplingParamsView(temperature=0.0, top_p=0.5, top_k=40))
     assert "temperature=0.0, watermarking=None, top_p=1.0, top_k=0, min_p=0.0" in text
+
+
+def test_a_log_writer_without_sinks_writes_nothing_and_one_with_a_stream_writes_lines():
+    params = SamplingParamsView(max_tokens=1)
+    silent = VllmLogWriter(pid=7)
+    silent.request("r-1", "a prompt", [1, 2], params, None)
+    assert not silent.enabled
+    stream = io.StringIO()
+    loud = VllmLogWriter(pid=7, stream=stream)
+    loud.request("r-1", "a prompt", [1, 2], params, None)
+    lines = stream.getvalue().splitlines()
+    assert loud.enabled and len(lines) == 2
+    assert "Request r-1 details: prompt: 'a prompt'" in lines[0]
+    assert lines[1].startswith("(APIServer pid=7) INFO ") and "Received request r-1" in lines[1]
