@@ -114,13 +114,24 @@ class WarmItem:
 
 @dataclass(frozen=True, slots=True)
 class PlanBudget:
-    """Limits of one plan. ``max_tokens`` is the engine's cache capacity (None = unbounded)."""
+    """Limits of one plan. ``max_tokens`` is the engine's cache capacity (None = unbounded).
+
+    With ``block_tokens`` (the engine's KV-cache block size) an item takes whole blocks of that
+    capacity: its prompt and the one token its priming request generates, rounded up.
+    """
 
     max_items: int = 100
     max_tokens: int | None = None
     max_seconds: float = 60.0
     concurrency: int = 4
     batch_size: int = 16
+    block_tokens: int | None = None
+
+    def cache_tokens(self, item: WarmItem) -> int:
+        """The share of the cache's capacity ``item`` takes once primed."""
+        if not self.block_tokens or item.tokens <= 0:
+            return item.tokens
+        return math.ceil((item.tokens + 1) / self.block_tokens) * self.block_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,16 +251,18 @@ class _Limits:
             return False
         if b.max_tokens is None:
             return True
-        tenant_tokens = tally.per_tenant_tokens.get(item.tenant, 0) + item.tokens
-        return tally.tokens + item.tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
+        tokens = b.cache_tokens(item)
+        tenant_tokens = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
+        return tally.tokens + tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
 
 
-def _take(item: WarmItem, tally: _Tally, cost: EngineCost, concurrency: int) -> None:
+def _take(item: WarmItem, tally: _Tally, cost: EngineCost, budget: PlanBudget) -> None:
+    tokens = budget.cache_tokens(item)
     tally.items += 1
-    tally.tokens += item.tokens
-    tally.seconds += warm_cost_s(item, cost) / max(1, concurrency)
+    tally.tokens += tokens
+    tally.seconds += warm_cost_s(item, cost) / max(1, budget.concurrency)
     tally.per_tenant_items[item.tenant] = tally.per_tenant_items.get(item.tenant, 0) + 1
-    tally.per_tenant_tokens[item.tenant] = tally.per_tenant_tokens.get(item.tenant, 0) + item.tokens
+    tally.per_tenant_tokens[item.tenant] = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
 
 
 def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:
@@ -283,7 +296,7 @@ def select_items(
     scored = [replace(c, score=score_item(c, cost, weights.get(c.tenant, 1.0))) for c in candidates]
     scored.sort(key=lambda i: (-i.score, i.key))
     if budget.max_tokens is not None:
-        scored.sort(key=lambda i: -i.score / max(1, i.tokens))  # stable: ties keep score order
+        scored.sort(key=lambda i: -i.score / max(1, budget.cache_tokens(i)))  # ties: score order
     chosen: dict[str, WarmItem] = {}
     tally = _Tally()
     for item in _representatives(scored) + scored:
@@ -293,7 +306,7 @@ def select_items(
             continue
         if limits.fits(item, tally):
             chosen[item.key] = item
-            _take(item, tally, cost, budget.concurrency)
+            _take(item, tally, cost, budget)
     return priming_order(chosen.values()), len(candidates) - len(chosen)
 
 

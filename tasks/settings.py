@@ -34,6 +34,7 @@ class EngineSettings(_Section):
     kind: Literal["vllm", "llamacpp", "tgi", "simulator"] = "vllm"
     max_concurrency: int = Field(4, ge=1, le=256)
     cache_tokens: int | None = Field(None, ge=1)
+    cache_block_tokens: int | None = Field(None, ge=1)
     prefill_s_per_token: float | None = Field(None, gt=0)
     tenant_isolation: bool = False
     adapters: tuple[str, ...] = ()

@@ -86,10 +86,11 @@ def plan_request(
     b = settings.budget
     budget = PlanBudget(
         max_items=max_items or b.max_items,
-        max_tokens=max_tokens or b.max_tokens or engine.cache_tokens,
+        max_tokens=max_tokens or b.max_tokens or usable_cache_tokens(engine),
         max_seconds=b.max_seconds,
         concurrency=engine.max_concurrency,
         batch_size=batch_size or b.batch_size,
+        block_tokens=engine.cache_block_tokens,
     )
     cost = EngineCost(prefill_s_per_token=engine.prefill_s_per_token or DEFAULT_PREFILL_S_PER_TOKEN)
     return PlanRequest(
@@ -99,6 +100,14 @@ def plan_request(
         isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
         shapes=shapes, responses=responses, embeddings=embeddings,
     )  # fmt: skip
+
+
+def usable_cache_tokens(engine: EngineSettings) -> int | None:
+    """What of an engine's ``cache_tokens`` can hold prefixes: vLLM keeps its first block as the
+    null block (never cached), so with a known block size one block less."""
+    if engine.cache_tokens is None or engine.kind != "vllm" or not engine.cache_block_tokens:
+        return engine.cache_tokens
+    return max(0, engine.cache_tokens - engine.cache_block_tokens)
 
 
 def _tokenize_body(item: WarmItem, model: str) -> dict[str, object]:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.engines.engine import CPU_BLOCK_TOKENS
 from benchmarks.engines.references import WarmContext
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,8 @@ ENGINE_NAME = "vllm-cpu"
 
 
 def settings_toml(url: str, model: str, cache_tokens: int | None) -> str:
-    """prewarm settings for one vLLM engine; ``cache_tokens`` is its prefix-cache capacity."""
+    """prewarm settings for one vLLM engine; ``cache_tokens`` is its KV cache as vLLM reports
+    it (blocks × block size, null block included); the CPU build's blocks hold 128 tokens."""
     lines = [
         "[[engines]]",
         f'name = "{ENGINE_NAME}"',
@@ -31,7 +33,7 @@ def settings_toml(url: str, model: str, cache_tokens: int | None) -> str:
         "max_concurrency = 1",
     ]
     if cache_tokens is not None:
-        lines.append(f"cache_tokens = {cache_tokens}")
+        lines += [f"cache_tokens = {cache_tokens}", f"cache_block_tokens = {CPU_BLOCK_TOKENS}"]
     lines += ["", "[budget]", "max_items = 100", "max_seconds = 300.0", "batch_size = 4", ""]
     return "\n".join(lines)
 

@@ -24,6 +24,18 @@ def item(key, hits, tokens=100, tenant="default", profile=None, **kw):
                     predicted_hits=hits, profile=profile, **kw)  # fmt: skip
 
 
+def test_with_a_block_size_each_item_takes_whole_blocks_of_the_cache():
+    # 3 x 200 tokens fit 700 tokens, but each takes 2 blocks of 128 (200 + its output token)
+    cands = [item("a", 9, 200), item("b", 8, 200), item("c", 7, 200)]
+    loose = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700), COST)
+    blocks = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700, block_tokens=128),
+                        COST)  # fmt: skip
+    assert len(loose.items) == 3
+    assert [i.key for i in blocks.items] == ["b", "a"]  # 4 blocks = 512 of 700; c would need 768
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 127)) == 128
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 128)) == 256
+
+
 def test_score_is_time_saved_minus_warm_cost():
     a = item("a", hits=10, tokens=200)
     assert score_item(a, COST) == pytest.approx(10 * 0.2 - COST.warm_cost_weight * (0.2 + 0.01))

@@ -101,3 +101,16 @@ def test_a_budget_in_real_tokens_never_overfills():
         for item in plan.items:  # measured counts as measured, the rest scaled by the ratio
             assert item.tokens == measured.get(item.key, item.tokens) >= 1.6 * estimates[item.key]
         assert plan.tokens <= budget and len(plan.items) >= 1
+
+
+def test_a_vllm_cache_with_a_block_size_loses_the_null_block_to_the_budget():
+    engine = {"name": "e", "url": "http://x", "model": "m", "cache_tokens": 8192}
+    plain = Settings.model_validate({"engines": [engine]})
+    assert plan_request(plain, "e").budget.max_tokens == 8192
+    blocks = Settings.model_validate({"engines": [{**engine, "cache_block_tokens": 128}]})
+    budget = plan_request(blocks, "e").budget
+    assert budget.max_tokens == 8192 - 128 and budget.block_tokens == 128
+    simulator = Settings.model_validate(
+        {"engines": [{**engine, "cache_block_tokens": 16, "kind": "simulator"}]}
+    )
+    assert plan_request(simulator, "e").budget.max_tokens == 8192

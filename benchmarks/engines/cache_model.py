@@ -1,0 +1,263 @@
+"""How many first uses can any warm-up serve from a half-size cache? A model, not the engine.
+
+The ``half`` setting of :mod:`benchmarks.engines.vllm_cold_start` compares prewarm with an oracle
+that knows the order in which templates are first used after the restart. This module asks what
+a warm-up that does *not* know that order could reach at best, by replaying the same workloads
+through a model of vLLM v1's prefix cache instead of the engine (seconds instead of hours, so
+many futures can be drawn):
+
+* blocks of 128 tokens, 63 usable (``--num-gpu-blocks-override 64`` less the null block);
+* a request reuses the longest run of cached whole blocks of its prompt (never the last token);
+  it takes its other blocks from the head of the free queue, evicting what they cached; when it
+  finishes, its blocks go back to the tail of the queue in reverse order (vLLM frees the tail of
+  a prompt first), so the queue is the LRU order;
+* prompts are tokenised by the engine model's own tokenizer and chat template, one request at a
+  time, as the benchmark replays them.
+
+Policies, each priming whole template heads (``max_tokens=1``) before the future is replayed:
+``oracle``, ``resend_logged`` and ``prime_all_seen`` as in :mod:`benchmarks.engines.references`;
+``frequency`` (history counts, templates seen twice or more, fill the cache, most used primed
+last — what prewarm's plan does when the history is one window); and ``known_popularity``: the
+same with the workload's true template weights instead of counts — the best a warm-up that knows
+the popularity exactly but not the order can do this way.
+
+Futures: the workload's own future, plus ``--futures`` more drawn from the same popularity (the
+history stays the one the engine logged). Usage (needs only the model's tokenizer files)::
+
+    python -m benchmarks.engines.cache_model --seeds 8 --futures 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from jinja2 import Template as JinjaTemplate
+
+from benchmarks.engines.engine import CPU_BLOCK_TOKENS, vllm_model
+from benchmarks.engines.workload import Request, Workload, build_workload
+
+USABLE_BLOCKS = 63
+
+
+@dataclass
+class Tokenizer:
+    """The engine model's tokenizer and chat template (what vLLM renders and tokenises)."""
+
+    encode: Callable[[str, bool], list[int]]
+    chat_template: JinjaTemplate
+
+    @classmethod
+    def load(cls) -> Tokenizer:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        model = vllm_model()
+        tokenizer = HfTokenizer.from_file(str(model / "tokenizer.json"))
+        template = JinjaTemplate((model / "chat_template.jinja").read_text())
+        return cls(lambda text, special: tokenizer.encode(text, add_special_tokens=special).ids,
+                   template)  # fmt: skip
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text, False))
+
+    def chat(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+        text = self.chat_template.render(messages=messages, bos_token="<s>", eos_token="</s>",
+                                         add_generation_prompt=generation_prompt)  # fmt: skip
+        return self.encode(text, False)
+
+
+class FreeQueueCache:
+    """vLLM v1's block pool in miniature: cached blocks by chain key, a free queue as LRU."""
+
+    def __init__(self, blocks: int = USABLE_BLOCKS, block_tokens: int = CPU_BLOCK_TOKENS) -> None:
+        self.block_tokens = block_tokens
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(blocks))
+        self.key_of: dict[int, tuple[int, ...]] = {}
+        self.block_of: dict[tuple[int, ...], int] = {}
+
+    def request(self, ids: Sequence[int], max_tokens: int) -> int:
+        """Serve one request; returns its cached tokens."""
+        size = self.block_tokens
+        keys = [tuple(ids[: (i + 1) * size]) for i in range(len(ids) // size)]
+        hit: list[int] = []
+        for key in keys[: (len(ids) - 1) // size]:
+            if key not in self.block_of:
+                break
+            hit.append(self.block_of[key])
+        for block in hit:
+            self.free.pop(block, None)
+        fresh = [self._take() for _ in range(math.ceil((len(ids) + max_tokens) / size) - len(hit))]
+        blocks = hit + fresh
+        for i in range(len(hit), len(keys)):
+            if keys[i] not in self.block_of:
+                self.block_of[keys[i]], self.key_of[blocks[i]] = blocks[i], keys[i]
+        for block in reversed(blocks):
+            self.free[block] = None
+        return len(hit) * size
+
+    def _take(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        key = self.key_of.pop(block, None)
+        if key is not None:
+            del self.block_of[key]
+        return block
+
+
+@dataclass
+class Prompts:
+    """Token ids of the workload's requests and template heads, as the engine sees them."""
+
+    workload: Workload
+    tokenizer: Tokenizer
+    _ids: dict[Request | int, list[int]] = field(default_factory=dict)
+
+    def request(self, request: Request) -> list[int]:
+        if request not in self._ids:
+            self._ids[request] = self._request(request)
+        return self._ids[request]
+
+    def head(self, index: int) -> list[int]:
+        if index not in self._ids:
+            self._ids[index] = self._head(index)
+        return self._ids[index]
+
+    def _request(self, request: Request) -> list[int]:
+        head = self.workload.templates[request.template].text
+        if request.endpoint == "chat":
+            messages = [
+                {"role": "system", "content": head},
+                {"role": "user", "content": request.user},
+            ]
+            return self.tokenizer.chat(messages, generation_prompt=True)
+        return self.tokenizer.encode(f"{head}\n\nQuestion: {request.user}\nAnswer:", True)
+
+    def _head(self, index: int) -> list[int]:
+        template = self.workload.templates[index]
+        if template.endpoint == "chat":
+            messages = [{"role": "system", "content": template.text}]
+            return self.tokenizer.chat(messages, generation_prompt=True)
+        return self.tokenizer.encode(template.text, True)
+
+    def blocks(self, index: int) -> int:
+        """Blocks a priming request of ``index``'s head takes (with its one output token)."""
+        return math.ceil((len(self.head(index)) + 1) / CPU_BLOCK_TOKENS)
+
+
+Priming = list[list[int]]
+
+
+def first_use_hits(prompts: Prompts, future: Sequence[Request], priming: Priming) -> int:
+    """Replay ``priming`` then ``future`` on an empty cache; count first uses with a hit."""
+    cache = FreeQueueCache()
+    for ids in priming:
+        cache.request(ids, 1)
+    seen: set[int] = set()
+    hits = 0
+    for request in future:
+        cached = cache.request(prompts.request(request), 4)
+        if request.template not in seen:
+            seen.add(request.template)
+            hits += cached > 0
+    return hits
+
+
+def fill_by_rank(prompts: Prompts, ranked: Sequence[int]) -> Priming:
+    """Take ``ranked`` (best first) while their heads fit; prime the best last."""
+    chosen, used = [], 0
+    for index in ranked:
+        if used + prompts.blocks(index) <= USABLE_BLOCKS:
+            chosen.append(index)
+            used += prompts.blocks(index)
+    return [prompts.head(i) for i in reversed(chosen)]
+
+
+def oracle(prompts: Prompts, history: Sequence[Request], future: Sequence[Request]) -> Priming:
+    chosen, used = [], 0
+    for index in dict.fromkeys(r.template for r in future):
+        blocks = len(prompts.head(index)) // CPU_BLOCK_TOKENS
+        if used + blocks > USABLE_BLOCKS:
+            break
+        chosen.append(index)
+        used += blocks
+    return [prompts.head(i) for i in reversed(chosen)]
+
+
+def resend_logged(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    return [prompts.request(r) for r in history]
+
+
+def prime_all_seen(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    return [prompts.head(i) for i in dict.fromkeys(r.template for r in history)]
+
+
+def frequency(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    counts = Counter(r.template for r in history)
+    ranked = sorted((i for i in counts if counts[i] >= 2), key=lambda i: (-counts[i], i))
+    return fill_by_rank(prompts, ranked)
+
+
+def known_popularity(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    templates = prompts.workload.templates
+    return fill_by_rank(prompts, sorted(range(len(templates)), key=lambda i: -templates[i].weight))
+
+
+POLICIES = {
+    "oracle": oracle,
+    "resend_logged": resend_logged,
+    "prime_all_seen": prime_all_seen,
+    "frequency": frequency,
+    "known_popularity": known_popularity,
+}
+
+
+def futures(workload: Workload, extra: int, seed: int) -> list[list[Request]]:
+    """The workload's own future and ``extra`` more drawn from its popularity."""
+    rng = random.Random(f"futures-{seed}")
+    templates = workload.templates
+    weights = [t.weight for t in templates]
+    drawn = [workload.future]
+    for _ in range(extra):
+        picks = rng.choices(range(len(templates)), weights=weights, k=len(workload.future))
+        drawn.append([Request(i, templates[i].endpoint, r.user)
+                      for i, r in zip(picks, workload.future, strict=True)])  # fmt: skip
+    return drawn
+
+
+def evaluate(seeds: int, extra_futures: int) -> dict:
+    """First-use hits per policy, summed over seeds and futures, and each policy's share of the
+    oracle's hits."""
+    tokenizer = Tokenizer.load()
+    totals: Counter[str] = Counter()
+    per_seed = []
+    for seed in range(seeds):
+        workload = build_workload(tokenizer.count, seed=seed)
+        prompts = Prompts(workload, tokenizer)
+        row: Counter[str] = Counter()
+        for future in futures(workload, extra_futures, seed):
+            row["first_uses"] += len({r.template for r in future})
+            for name, policy in POLICIES.items():
+                row[name] += first_use_hits(
+                    prompts, future, policy(prompts, workload.history, future)
+                )
+        per_seed.append({"seed": seed, **row})
+        totals.update(row)
+    share = {name: round(totals[name] / max(1, totals["oracle"]), 3) for name in POLICIES}
+    return {"seeds": seeds, "futures_per_seed": extra_futures + 1, "totals": dict(totals),
+            "share_of_oracle": share, "per_seed": per_seed}  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--futures", type=int, default=12, help="extra futures per seed")
+    args = parser.parse_args(argv)
+    print(json.dumps(evaluate(args.seeds, args.futures), indent=1))
+
+
+if __name__ == "__main__":
+    main()
