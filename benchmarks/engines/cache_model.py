@@ -80,15 +80,27 @@ class FreeQueueCache:
         self.key_of: dict[int, tuple[int, ...]] = {}
         self.block_of: dict[tuple[int, ...], int] = {}
 
-    def request(self, ids: Sequence[int], max_tokens: int) -> int:
-        """Serve one request; returns its cached tokens."""
+    def _keys(self, ids: Sequence[int]) -> list[tuple[int, ...]]:
         size = self.block_tokens
-        keys = [tuple(ids[: (i + 1) * size]) for i in range(len(ids) // size)]
+        return [tuple(ids[: (i + 1) * size]) for i in range(len(ids) // size)]
+
+    def _hit(self, ids: Sequence[int], keys: list[tuple[int, ...]]) -> list[int]:
         hit: list[int] = []
-        for key in keys[: (len(ids) - 1) // size]:
+        for key in keys[: (len(ids) - 1) // self.block_tokens]:
             if key not in self.block_of:
                 break
             hit.append(self.block_of[key])
+        return hit
+
+    def peek(self, ids: Sequence[int]) -> int:
+        """Tokens of ``ids`` a request would find cached now (the cache is left as it is)."""
+        return len(self._hit(ids, self._keys(ids))) * self.block_tokens
+
+    def request(self, ids: Sequence[int], max_tokens: int) -> int:
+        """Serve one request; returns its cached tokens."""
+        size = self.block_tokens
+        keys = self._keys(ids)
+        hit = self._hit(ids, keys)
         for block in hit:
             self.free.pop(block, None)
         fresh = [self._take() for _ in range(math.ceil((len(ids) + max_tokens) / size) - len(hit))]
