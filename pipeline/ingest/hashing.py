@@ -1,11 +1,12 @@
 """Prefix hashes of many prompts that share their heads, without re-reading the heads.
 
-Requests of one service share long heads (a system prompt, a template's static part). A
-pseudo-token ending at character ``e`` is decided by the characters before ``e`` and the one
-at ``e`` (its greedy match stops at a character it has to read), so every block that ends
-before a head's last character is the same in any prompt with that head. Such blocks are
-remembered per head, for heads of doubling lengths, and a prompt with a known head tokenises
-only what follows: the same hashes as :func:`pipeline.prefix.block_hashes`.
+Requests of one service share long heads (a system prompt, a template's static part), and a
+conversation's next prompt repeats the whole previous one. A pseudo-token ending at character
+``e`` is decided by the characters before ``e`` and the one at ``e`` (its greedy match stops at
+a character it has to read), so every block that ends before the first character where two
+prompts differ is the same in both. Prompts are remembered per head, for heads of doubling
+lengths: a new prompt finds the latest prompt with its longest known head, and tokenises only
+what follows the text the two share: the same hashes as :func:`pipeline.prefix.block_hashes`.
 """
 
 from __future__ import annotations
@@ -20,43 +21,76 @@ HEAD_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 #: lookup stops at the first unknown length, so a long head known without its short head
 #: (dropped) is only a missed saving, never a wrong hash
 HEADS_PER_LENGTH = 1024
+#: characters of a remembered prompt kept: at most about twice the heads' own text (8064
+#: characters a prompt), so the tables stay within a few tens of MB at worst
+STEM_CHARS = 8192
 
-Blocks = tuple[list[int], list[str]]  # block ends (characters) and chain hashes
+#: a remembered prompt (cut at STEM_CHARS), the ends (characters) and chain hashes of its
+#: blocks that end before its last character
+Stem = tuple[str, list[int], list[str]]
+
+
+def common_length(a: str, b: str, known: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, whose first ``known`` characters agree.
+
+    Bisects with slice comparisons (C memcmp), not a Python loop per character.
+    """
+    lo, hi = known, min(len(a), len(b))
+    if a[lo:hi] == b[lo:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class PrefixHasher:
-    """``block_hashes`` with a per-head memory of block ends and hashes."""
+    """``block_hashes`` with a per-head memory of the latest prompt, its block ends and hashes."""
 
     def __init__(self, block_size: int) -> None:
         self.cursor = BlockCursor(block_size)
-        self.heads: dict[int, dict[str, Blocks]] = {n: {} for n in HEAD_LENGTHS}
+        self.heads: dict[int, dict[str, Stem]] = {n: {} for n in HEAD_LENGTHS}
 
     def hashes(self, prompt: str) -> list[str]:
         """Chain hashes of the whole blocks of ``prompt``."""
-        known, first_missing = self._longest_head(prompt)
-        ends, hashes = self.cursor.blocks(prompt, *known)
-        if first_missing is not None:
-            self._remember(prompt, first_missing, ends, hashes)
+        found, known = self._longest_head(prompt)
+        ends: list[int] = []
+        hashes: list[str] = []
+        if found is not None:
+            stem, stem_ends, stem_hashes = found[1]
+            whole = bisect_left(stem_ends, common_length(prompt, stem, found[0]))
+            ends, hashes = stem_ends[:whole], stem_hashes[:whole]
+        ends, hashes = self.cursor.blocks(prompt, ends, hashes)
+        if len(prompt) > HEAD_LENGTHS[0]:
+            self._remember(prompt, known, ends, hashes)
         return hashes
 
-    def _longest_head(self, prompt: str) -> tuple[Blocks, int | None]:
-        """Blocks of the longest remembered head; index of the first head length unknown."""
-        known: Blocks = ([], [])
+    def _longest_head(self, prompt: str) -> tuple[tuple[int, Stem] | None, int]:
+        """The longest remembered head's length and stem (or ``None``); how many head lengths
+        are known (the last of them is replaced by this prompt, the rest added)."""
+        found = None
         for i, length in enumerate(HEAD_LENGTHS):
             if len(prompt) <= length:
-                return known, None
+                return found, i
             hit = self.heads[length].get(prompt[:length])
             if hit is None:
-                return known, i
-            known = hit
-        return known, None
+                return found, i
+            found = (length, hit)
+        return found, len(HEAD_LENGTHS)
 
-    def _remember(self, prompt: str, first: int, ends: list[int], hashes: list[str]) -> None:
-        for length in HEAD_LENGTHS[first:]:
+    def _remember(self, prompt: str, known: int, ends: list[int], hashes: list[str]) -> None:
+        stem = prompt[:STEM_CHARS]
+        whole = bisect_left(ends, len(stem))  # blocks ending before the stem's last character
+        entry = (stem, ends[:whole], hashes[:whole])
+        # the latest prompt replaces the one its longest known head held (a conversation's
+        # next turn then finds the turn before), and fills the lengths not known yet
+        for length in HEAD_LENGTHS[max(0, known - 1) :]:
             if len(prompt) <= length:
                 break
-            table = self.heads[length]
-            if len(table) >= HEADS_PER_LENGTH:
+            table, head = self.heads[length], prompt[:length]
+            if len(table) >= HEADS_PER_LENGTH and head not in table:
                 table.clear()  # only this length: short heads repeat more than long ones
-            whole = bisect_left(ends, length)  # blocks ending before the head's last character
-            table[prompt[:length]] = (ends[:whole], hashes[:whole])
+            table[head] = entry
