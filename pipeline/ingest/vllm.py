@@ -29,6 +29,13 @@ _ENVELOPE = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
     r"\[?[^\]\s]+?:\d+\] "
 )
+#: the usual line in one match, colour codes included: codes only where vLLM prints them
+#: (around the tag, before the level), none inside the tag or the file name, so the match
+#: reads what ``_strip_ansi`` + ``_TAG`` + ``_ENVELOPE`` read (when the message has no code)
+_FAST_ENVELOPE = re.compile(
+    r"(?:\x1b\[[0-9;]*m)*(?:\([^()\x1b]+ pid=\d+\)(?:\x1b\[[0-9;]*m)* )?(?:\x1b\[[0-9;]*m)*"
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d) \[?[^\]\s\x1b]+?:\d+\] "
+)
 _PREFIXED = re.compile(r".{0,64}?(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d )")
 _UVICORN = re.compile(
     r"(?P<level>[A-Z]+):\s+(?P<client>\S*) - \"(?P<method>[A-Z]+) (?P<path>\S+) "
@@ -81,26 +88,43 @@ class VllmChunkParser:
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
         """Parse a block of lines numbered from ``first_line``."""
-        envelope = _ENVELOPE.match
+        fast = _FAST_ENVELOPE.match
         for line_no, line in enumerate(lines, first_line):
             self.line_no = line_no
-            if "\x1b" in line:
-                line = _strip_ansi(line)
-            if line.endswith("\r"):
-                line = line[:-1]
-            start = 0
-            if line.startswith("("):
-                tag = _TAG.match(line)
-                start = tag.end() if tag else 0
-            match = envelope(line, start)
-            if match is None:
-                self._other(line, start, line_no)
-                continue
-            self.last_ts = match.group("ts")
-            self._track_year(self.last_ts, line_no)
+            match = fast(line)
+            if match is not None and line.find("\x1b", match.end()) < 0:
+                level, ts = match.group(1, 2)
+                msg = line[match.end() :]
+                if msg.endswith("\r"):
+                    msg = msg[:-1]
+            else:
+                found = self._envelope(line, line_no)
+                if found is None:
+                    continue
+                level, ts, msg = found
+            if ts != self.last_ts:  # a second's lines share one timestamp: track it once
+                self.last_ts = ts
+                self._track_year(ts, line_no)
             if self.pending_access:
-                self._settle_access(self.last_ts)
-            self._message(line[match.end() :], match.group("level"), self.last_ts, line_no)
+                self._settle_access(ts)
+            self._message(msg, level, ts, line_no)
+
+    def _envelope(self, line: str, line_no: int) -> tuple[str, str, str] | None:
+        """Level, timestamp and message of a line the fast pattern did not read; ``None``
+        when it has no envelope (then it is handled here)."""
+        if "\x1b" in line:
+            line = _strip_ansi(line)
+        if line.endswith("\r"):
+            line = line[:-1]
+        start = 0
+        if line.startswith("("):
+            tag = _TAG.match(line)
+            start = tag.end() if tag else 0
+        match = _ENVELOPE.match(line, start)
+        if match is None:
+            self._other(line, start, line_no)
+            return None
+        return match.group("level"), match.group("ts"), line[match.end() :]
 
     def _track_year(self, ts: str, line_no: int) -> None:
         """Note where the month falls back by more than half a year: a new year began."""
