@@ -56,7 +56,8 @@ def build_plan_from(
         embeddings=embeddings,
     )  # fmt: skip
     engine_settings = settings.engine(request.engine)
-    return plan_for_engine(records, request, windows, forecast, engine=engine_settings)
+    return plan_for_engine(records, request, windows, forecast, engine=engine_settings,
+                           models_root=settings.data_dir / "models")  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:

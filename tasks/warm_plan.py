@@ -2,9 +2,10 @@
 
 ``plan_for_engine`` reads the engine's cache capacity, prefill cost, tenant weights, budget
 shares and tenant isolation from settings, forecasts next-window hits, and returns the plan.
-The forecast is the learned hotness model (``models.forecaster``) when the ingest's counts
-(``counts.parquet`` or ``windows.parquet``) have enough history and the model can be fitted;
-the frequency estimate of the records otherwise.
+The forecast is the learned hotness model (``models.forecaster``): the version ``prewarm.model.
+retrain`` saved under ``<data_dir>/models/hotness`` when there is a usable one, else one fitted
+on the ingest's counts (``counts.parquet`` or ``windows.parquet``) when they have enough
+history; the frequency estimate of the records otherwise.
 
 Token counts are measured through the engine's own tokenizer (``POST /tokenize``, offered by
 vLLM and the simulator) before budgeting, so the token budget (the engine's cache capacity) is
@@ -49,25 +50,55 @@ def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
     return records, next((c for c in counts if c.exists()), None)
 
 
-def learned_forecast(windows: Path) -> dict[str, float] | None:
-    """Next-window predictions of prefix items from the hotness forecaster, or None."""
+#: The saved forecaster's name under ``<data_dir>/models`` (what ``prewarm.model.retrain`` writes).
+FORECASTER_NAME = "hotness"
+
+
+def _prediction_map(predicted: pd.DataFrame) -> dict[str, float]:
+    keys, values = predicted["item_key"].astype(str), predicted["predicted"].astype(float)
+    return dict(zip(keys, values, strict=True))
+
+
+def saved_forecast(prefixes: pd.DataFrame, models_root: Path) -> dict[str, float] | None:
+    """Predictions of the current saved forecaster (``prewarm.model.retrain``), or None when
+    there is none or it cannot be used by this code (it is then refitted)."""
+    from models.forecaster import HotnessForecaster
+    from models.persistence import load_model
+
+    if not (models_root / FORECASTER_NAME).exists():
+        return None
+    try:
+        model = load_model(models_root, FORECASTER_NAME, kind=HotnessForecaster.name)
+        return _prediction_map(model.predict_next(prefixes, kind="prefix"))
+    except (PrewarmError, KeyError, ValueError) as exc:
+        log.info("saved forecaster unusable (%s); fitting one", exc)
+        return None
+
+
+def learned_forecast(
+    windows: Path, models_root: Path | None = None
+) -> tuple[dict[str, float], str] | None:
+    """Next-window predictions of prefix items and where they came from, or None.
+
+    The saved forecaster under ``models_root`` when there is a usable one; else one fitted on
+    ``windows`` when it holds at least :data:`MIN_WINDOWS_FOR_MODEL` windows.
+    """
     try:
         from models.forecaster import HotnessForecaster
         from pipeline.evaluation import CountMatrix
 
         counts = pd.read_parquet(windows)
         prefixes = counts[counts["item_kind"] == "prefix"]
+        saved = saved_forecast(prefixes, models_root) if models_root is not None else None
+        if saved is not None:
+            return saved, "saved"
         if prefixes["window_start"].nunique() < MIN_WINDOWS_FOR_MODEL:
             return None
-        matrix = CountMatrix.from_counts(prefixes, kind="prefix")
-        model = HotnessForecaster().fit(matrix)
-        predicted = model.predict_next(prefixes, kind="prefix")
+        model = HotnessForecaster().fit(CountMatrix.from_counts(prefixes, kind="prefix"))
+        return _prediction_map(model.predict_next(prefixes, kind="prefix")), "fitted"
     except (PrewarmError, ImportError, KeyError, ValueError, AttributeError) as exc:
         log.info("learned forecast unavailable (%s); using frequency", exc)
         return None
-    return dict(
-        zip(predicted["item_key"].astype(str), predicted["predicted"].astype(float), strict=True)
-    )
 
 
 def plan_request(
@@ -148,19 +179,21 @@ def plan_for_engine(
     windows: Path | None = None,
     forecast: str = "auto",
     engine: EngineSettings | None = None,
+    models_root: Path | None = None,
 ) -> WarmPlan:
     """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``.
 
-    With ``engine`` given, token counts are measured through its tokenizer before budgeting.
+    With ``engine`` given, token counts are measured through its tokenizer before budgeting;
+    with ``models_root`` (``<data_dir>/models``) a saved forecaster is preferred to fitting one.
     """
-    predicted = None
+    learned = None
     if forecast != "frequency" and windows is not None:
-        predicted = learned_forecast(windows)
-        if predicted is None and forecast == "model":
+        learned = learned_forecast(windows, models_root)
+        if learned is None and forecast == "model":
             raise BadInputError("the learned forecast is unavailable", where=str(windows))
-    items = candidates(records, request, predicted)
+    items = candidates(records, request, learned[0] if learned else None)
     counts = measure_tokens(items, engine) if engine is not None else {}
     plan = plan_from_candidates(items, request, token_counts=counts)
-    notes = ["forecast: model" if predicted is not None else "forecast: frequency"]
+    notes = [f"forecast: model ({learned[1]})" if learned else "forecast: frequency"]
     notes.append(f"tokens: measured {len(counts)} by the engine" if counts else "tokens: estimated")
     return replace(plan, notes=(*plan.notes, *notes))

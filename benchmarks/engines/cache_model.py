@@ -9,8 +9,10 @@ many futures can be drawn):
 * blocks of 128 tokens, 63 usable (``--num-gpu-blocks-override 64`` less the null block);
 * a request reuses the longest run of cached whole blocks of its prompt (never the last token);
   it takes its other blocks from the head of the free queue, evicting what they cached; when it
-  finishes, its blocks go back to the tail of the queue in reverse order (vLLM frees the tail of
-  a prompt first), so the queue is the LRU order;
+  finishes, its cached blocks go back to the tail of the queue in reverse order (vLLM frees the
+  tail of a prompt first), so the queue is the LRU order, and its uncached blocks (the last
+  partial block, the output) to the head, to be reused first (``BlockPool.free_blocks`` of
+  vLLM 0.32);
 * prompts are tokenised by the engine model's own tokenizer and chat template, one request at a
   time, as the benchmark replays them.
 
@@ -108,8 +110,11 @@ class FreeQueueCache:
         for i in range(len(hit), len(keys)):
             if keys[i] not in self.block_of:
                 self.block_of[keys[i]], self.key_of[blocks[i]] = blocks[i], keys[i]
-        for block in reversed(blocks):
-            self.free[block] = None
+        freed = list(reversed(blocks))  # vLLM frees the tail of a request first
+        for block in freed:
+            self.free[block] = None  # cached blocks: to the tail of the queue (LRU order)
+        for block in reversed([b for b in freed if b not in self.key_of]):
+            self.free.move_to_end(block, last=False)  # uncached ones: reused first
         return len(hit) * size
 
     def _take(self) -> int:

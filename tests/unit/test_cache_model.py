@@ -23,14 +23,13 @@ def test_the_last_token_is_always_recomputed():
     assert cache.request(_prompt(1, 2, tail=0), 1) == 4  # 8 tokens: only the first block
 
 
-def test_misses_evict_the_least_recently_freed_blocks_tail_first():
+def test_uncached_blocks_are_reused_first_then_cached_ones_oldest_first_tail_first():
     cache = FreeQueueCache(blocks=8, block_tokens=4)
-    cache.request(_prompt(1, 3, tail=0), 1)  # 4 blocks (3 + output), freed tail first
-    cache.request(_prompt(2, 3, tail=0), 1)  # 4 more: the queue is full of cached blocks
-    # 2 blocks from the head of the queue: template 1's output block, then its last whole block
-    cache.request(_prompt(3, 1, tail=0), 1)
-    assert cache.peek(_prompt(1, 3)) == 8
-    assert cache.peek(_prompt(2, 3)) == 12
-    cache.request(_prompt(4, 3, tail=0), 1)  # 4 more: the rest of template 1 and 2 of template 2
-    assert cache.peek(_prompt(1, 3)) == 0
+    cache.request(_prompt(1, 3, tail=0), 1)  # 3 cached blocks and 1 output block
+    cache.request(_prompt(2, 3, tail=0), 1)  # the same: all 8 blocks used once
+    cache.request(_prompt(3, 1, tail=0), 1)  # 2 blocks: the two output blocks, nothing evicted
+    assert cache.peek(_prompt(1, 3)) == 12 and cache.peek(_prompt(2, 3)) == 12
+    cache.request(_prompt(4, 3, tail=0), 1)  # 1 output block, then the oldest: template 1
+    assert cache.peek(_prompt(1, 3)) == 0 and cache.peek(_prompt(2, 3)) == 12
+    cache.request(_prompt(5, 1, tail=0), 1)  # 1 output block, then template 2's last block
     assert cache.peek(_prompt(2, 3)) == 8

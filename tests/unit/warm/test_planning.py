@@ -60,13 +60,37 @@ def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
     )
     request = plan_request(settings, "e")
     learned = plan_for_engine(records, request, windows, forecast="auto")
-    assert "forecast: model" in learned.notes
+    assert "forecast: model (fitted)" in learned.notes
     assert learned.items[-1].text.startswith(HEADS[0][:30])
     frequency = plan_for_engine(records, request, windows, forecast="frequency")
     assert "forecast: frequency" in frequency.notes
     short = plan_for_engine(records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=30)],
                             request, None)  # fmt: skip
     assert "forecast: frequency" in short.notes
+
+
+def test_a_saved_forecaster_is_preferred_and_an_unusable_one_is_refitted(tmp_path):
+    from tasks.model_tasks import retrain
+
+    records = _records()
+    from pipeline.prefix import block_hashes
+
+    records["prefix_hashes"] = records["prompt"].map(block_hashes)
+    windows = tmp_path / "windows.parquet"
+    item_window_counts(records).to_parquet(windows)
+    settings = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
+    )
+    request = plan_request(settings, "e")
+    models = tmp_path / "models"
+    retrain(counts_path=str(windows), data_dir=str(tmp_path))
+    saved = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
+    assert "forecast: model (saved)" in saved.notes
+    assert saved.items[-1].text.startswith(HEADS[0][:30])
+    metadata = next(models.glob("hotness/*/metadata.json"))
+    metadata.write_text(metadata.read_text().replace('"code_version"', '"code_version_was"'))
+    refitted = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
+    assert "forecast: model (fitted)" in refitted.notes
 
 
 def _templates(uses: dict[str, int]) -> pd.DataFrame:
