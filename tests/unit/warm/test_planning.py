@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from pipeline.keys import CacheKey
 from pipeline.plan import PlanBudget
 from pipeline.planning import PlanRequest, candidates, plan_from_records
+from pipeline.prefix import block_hashes
 from pipeline.records import records_frame
 from pipeline.windows import item_window_counts
+from tasks.model_tasks import retrain
 from tasks.settings import Settings
 from tasks.warm_plan import plan_for_engine, plan_request
 
@@ -47,18 +51,20 @@ def test_candidates_of_every_kind_fit_the_budget():
     assert len(prefixes) == 4 and prefixes[-1].text.startswith(HEADS[0][:30])  # hottest last
 
 
-def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
+def _with_windows(tmp_path) -> tuple[pd.DataFrame, Path, PlanRequest]:
+    """Records with prefix hashes, their window counts on disk, and a plain plan request."""
     records = _records()
-    records["prefix_hashes"] = [None] * len(records)
-    from pipeline.prefix import block_hashes
-
     records["prefix_hashes"] = records["prompt"].map(block_hashes)
     windows = tmp_path / "windows.parquet"
     item_window_counts(records).to_parquet(windows)
     settings = Settings.model_validate(
         {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
     )
-    request = plan_request(settings, "e")
+    return records, windows, plan_request(settings, "e")
+
+
+def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
+    records, windows, request = _with_windows(tmp_path)
     learned = plan_for_engine(records, request, windows, forecast="auto")
     assert "forecast: model (fitted)" in learned.notes
     assert learned.items[-1].text.startswith(HEADS[0][:30])
@@ -70,18 +76,7 @@ def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
 
 
 def test_a_saved_forecaster_is_preferred_and_an_unusable_one_is_refitted(tmp_path):
-    from tasks.model_tasks import retrain
-
-    records = _records()
-    from pipeline.prefix import block_hashes
-
-    records["prefix_hashes"] = records["prompt"].map(block_hashes)
-    windows = tmp_path / "windows.parquet"
-    item_window_counts(records).to_parquet(windows)
-    settings = Settings.model_validate(
-        {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
-    )
-    request = plan_request(settings, "e")
+    records, windows, request = _with_windows(tmp_path)
     models = tmp_path / "models"
     retrain(counts_path=str(windows), data_dir=str(tmp_path))
     saved = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
