@@ -30,21 +30,22 @@ STEM_CHARS = 8192
 Stem = tuple[str, list[int], list[str]]
 
 
-def common_length(a: str, b: str, known: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, whose first ``known`` characters agree.
+def shared_blocks(prompt: str, stem: str, ends: list[int], known: int) -> int:
+    """How many of the blocks ending at ``ends`` (in ``stem``) are blocks of ``prompt`` too:
+    those ending before the first character where the two differ (the first ``known`` agree).
 
-    Bisects with slice comparisons (C memcmp), not a Python loop per character.
+    Bisects over the blocks with slice comparisons (C memcmp), a few per prompt.
     """
-    lo, hi = known, min(len(a), len(b))
-    if a[lo:hi] == b[lo:hi]:
-        return hi
-    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
+    good, bad = bisect_left(ends, known), len(ends)
+    equal = known  # characters known to agree
+    while good < bad:
+        mid = (good + bad) // 2
+        stop = ends[mid] + 1  # the block's end is decided by the character at its end
+        if prompt[equal:stop] == stem[equal:stop]:
+            good, equal = mid + 1, stop
         else:
-            hi = mid
-    return lo
+            bad = mid
+    return good
 
 
 class PrefixHasher:
@@ -61,7 +62,7 @@ class PrefixHasher:
         hashes: list[str] = []
         if found is not None:
             stem, stem_ends, stem_hashes = found[1]
-            whole = bisect_left(stem_ends, common_length(prompt, stem, found[0]))
+            whole = shared_blocks(prompt, stem, stem_ends, found[0])
             ends, hashes = stem_ends[:whole], stem_hashes[:whole]
         ends, hashes = self.cursor.blocks(prompt, ends, hashes)
         if len(prompt) > HEAD_LENGTHS[0]:

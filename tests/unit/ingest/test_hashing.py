@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.ingest.hashing import HEAD_LENGTHS, STEM_CHARS, PrefixHasher, common_length
+from pipeline.ingest.hashing import HEAD_LENGTHS, STEM_CHARS, PrefixHasher, shared_blocks
 from pipeline.prefix import BlockCursor, block_hashes, prefix_chain
 
 #: characters that decide pseudo-tokens: word, punctuation, white space (and non-ASCII ones)
@@ -27,11 +29,16 @@ def test_block_cursor_on_white_space_and_punctuation(text, block_size):
     assert ends == [b.end for b in prefix_chain(text, block_size)]
 
 
-@given(st.text(max_size=50), st.text(max_size=50), st.text(max_size=20))
-def test_common_length_is_the_common_prefix(a, b, head):
-    n = common_length(head + a, head + b, len(head))
-    assert (head + a)[:n] == (head + b)[:n]
-    assert n == min(len(head + a), len(head + b)) or (head + a)[n] != (head + b)[n]
+@given(_TEXT, _TEXT, st.text(max_size=20), st.sampled_from((1, 2, 16)))
+def test_shared_blocks_end_before_the_first_difference(a, b, head, block_size):
+    stem, prompt = head + a, head + b
+    ends = BlockCursor(block_size).blocks(stem)[0]
+    ends = ends[: bisect_left(ends, len(stem))]  # as remembered: blocks ending inside
+    n = shared_blocks(prompt, stem, ends, len(head))
+    common = 0
+    while common < min(len(stem), len(prompt)) and stem[common] == prompt[common]:
+        common += 1
+    assert n == bisect_left(ends, common)
 
 
 @settings(max_examples=60)
