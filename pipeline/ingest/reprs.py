@@ -45,14 +45,15 @@ PARAMS_HASHED = (
 )
 
 
-def python_str_at(text: str, pos: int) -> tuple[str | None, int] | None:
-    """The Python string literal (or ``None``) starting at ``text[pos]``, and where it ends.
+def python_str_at(text: str, pos: int, end: int | None = None) -> tuple[str | None, int] | None:
+    """The Python string literal (or ``None``) starting at ``text[pos]``, and where it ends;
+    with ``end``, read as if ``text`` ended there.
 
     Returns ``None`` when there is neither a literal nor ``None`` at ``pos``.
     """
-    if text.startswith("None", pos):
+    if text.startswith("None", pos, end):
         return None, pos + 4
-    match = PY_STR.match(text, pos)
+    match = PY_STR.match(text, pos, len(text) if end is None else end)
     if match is None:
         return None
     return decode_python_str(match.group()), match.end()
@@ -178,6 +179,8 @@ def decode_rust_str(literal: str) -> str:
     inner = literal[1:-1] if literal.startswith('"') and literal.endswith('"') else literal
     if "\\" not in inner:
         return inner
+    if "\\" not in inner.replace('\\"', ""):  # only quotes escaped: a span's parameters
+        return inner.replace('\\"', '"')
     return _RUST_ESCAPE.sub(_rust_escape, inner)
 
 

@@ -29,12 +29,14 @@ _ENVELOPE = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
     r"\[?[^\]\s]+?:\d+\] "
 )
-#: the usual line in one match, colour codes included: codes only where vLLM prints them
-#: (around the tag, before the level), none inside the tag or the file name, so the match
-#: reads what ``_strip_ansi`` + ``_TAG`` + ``_ENVELOPE`` read (when the message has no code)
-_FAST_ENVELOPE = re.compile(
+#: the usual lines in one match, colour codes included: codes only where vLLM prints them
+#: (around the tag, before the level), none inside the tag, the file name or an access line,
+#: so the match reads what ``_strip_ansi`` + ``_TAG`` + ``_ENVELOPE`` (or ``_UVICORN``) read
+#: when the rest of the line has no code. Access lines leave the level and time unset.
+_FAST_LINE = re.compile(
     r"(?:\x1b\[[0-9;]*m)*(?:\([^()\x1b]+ pid=\d+\)(?:\x1b\[[0-9;]*m)* )?(?:\x1b\[[0-9;]*m)*"
-    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d) \[?[^\]\s\x1b]+?:\d+\] "
+    r"(?:(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d) \[?[^\]\s\x1b]+?:\d+\] "
+    r"|[A-Z]+:\s+[^\s\x1b]* - \"[A-Z]+ (?P<path>[^\s\x1b]+) HTTP/[\d.]+\" (?P<status>\d{3}))"
 )
 _PREFIXED = re.compile(r".{0,64}?(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d )")
 _UVICORN = re.compile(
@@ -88,12 +90,15 @@ class VllmChunkParser:
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
         """Parse a block of lines numbered from ``first_line``."""
-        fast = _FAST_ENVELOPE.match
+        fast = _FAST_LINE.match
         for line_no, line in enumerate(lines, first_line):
             self.line_no = line_no
             match = fast(line)
             if match is not None and line.find("\x1b", match.end()) < 0:
                 level, ts = match.group(1, 2)
+                if ts is None:
+                    self._access(match, line_no)
+                    continue
                 msg = line[match.end() :]
                 if msg.endswith("\r"):
                     msg = msg[:-1]
@@ -215,7 +220,7 @@ class VllmChunkParser:
         if colon < 0 or not msg.endswith("."):
             self.out.rejects.add("malformed Received request line", line_no, msg)
             return
-        request_id, rest = msg[17:colon], msg[colon + 2 : -1]
+        request_id = msg[17:colon]
         earlier = self.requests.get(request_id)
         if earlier is not None and (earlier["_head"] or earlier.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
@@ -227,31 +232,33 @@ class VllmChunkParser:
         record.setdefault("status", "received")
         record["endpoint"] = endpoint_of(request_id)
         try:
-            self._received_fields(record, rest)
+            self._received_fields(record, msg, colon + 2, len(msg) - 1)
         except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
             record["_head"] = False
             self.out.rejects.add(
                 f"malformed Received request line: {type(exc).__name__}", line_no, msg
             )
 
-    def _received_fields(self, record: dict[str, Any], rest: str) -> None:
+    def _received_fields(self, record: dict[str, Any], msg: str, start: int, end: int) -> None:
+        """Fields of ``msg[start:end]``, read in place (a line is a few kB: no copies of it)."""
         tail: dict[str, str] = {}
         for key in _TAIL_KEYS:
-            cut = rest.rfind(key)
+            cut = msg.rfind(key, start, end)
             if cut >= 0:
-                tail[key[2:-2]] = rest[cut + len(key) :]
-                rest = rest[:cut]
-        if rest.startswith("prompt: "):
-            found = python_str_at(rest, 8)
+                tail[key[2:-2]] = msg[cut + len(key) : end]
+                end = cut
+        if msg.startswith("prompt: ", start, end):
+            found = python_str_at(msg, start + 8, end)
             if found is None:
                 raise ValueError("prompt is not a string literal")
-            prompt, end = found
+            prompt, start = found
             self._set_prompt(record, prompt)
-            rest = rest[end:]
-        params = _PARAMS.search(rest)
+        params = _PARAMS.search(msg, start, end)
         if params is None:
             raise ValueError("no params")
-        self._sampling(record, params.group("kind"), rest[params.end() : rest.rfind(")")])
+        close = msg.rfind(")", start, end)
+        body = msg[params.end() : close if close >= 0 else end - 1]
+        self._sampling(record, params.group("kind"), body)
         ids = tail.get("prompt_token_ids") or tail.get("prompt token ids")
         self._set_ids(record, ids)
         lora = tail.get("lora_request")
