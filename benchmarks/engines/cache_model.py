@@ -21,7 +21,9 @@ Policies, each priming whole template heads (``max_tokens=1``) before the future
 ``frequency`` (history counts, templates seen twice or more, fill the cache, most used primed
 last — what prewarm's plan does when the history is one window); and ``known_popularity``: the
 same with the workload's true template weights instead of counts — the best a warm-up that knows
-the popularity exactly but not the order can do this way.
+the popularity exactly but not the order can do this way. With ``--search``, ``best_static``:
+the set of heads with the most first-use hits on other futures drawn from the same popularity,
+found by local search — any fixed choice, not only a ranking, evaluated on the same futures.
 
 Futures: the workload's own future, plus ``--futures`` more drawn from the same popularity (the
 history stays the one the engine logged). Usage (needs only the model's tokenizer files)::
@@ -183,14 +185,25 @@ def first_use_hits(prompts: Prompts, future: Sequence[Request], priming: Priming
     return hits
 
 
-def fill_by_rank(prompts: Prompts, ranked: Sequence[int]) -> Priming:
-    """Take ``ranked`` (best first) while their heads fit; prime the best last."""
+def fill(prompts: Prompts, ranked: Sequence[int]) -> list[int]:
+    """Of ``ranked`` (best first), those whose heads fit the cache together, best first."""
     chosen, used = [], 0
     for index in ranked:
         if used + prompts.blocks(index) <= USABLE_BLOCKS:
             chosen.append(index)
             used += prompts.blocks(index)
-    return [prompts.head(i) for i in reversed(chosen)]
+    return chosen
+
+
+def fill_by_rank(prompts: Prompts, ranked: Sequence[int]) -> Priming:
+    """Take ``ranked`` (best first) while their heads fit; prime the best last."""
+    return [prompts.head(i) for i in reversed(fill(prompts, ranked))]
+
+
+def by_popularity(prompts: Prompts) -> list[int]:
+    """Template indices, most popular (the workload's true weight) first."""
+    templates = prompts.workload.templates
+    return sorted(range(len(templates)), key=lambda i: -templates[i].weight)
 
 
 def oracle(prompts: Prompts, history: Sequence[Request], future: Sequence[Request]) -> Priming:
@@ -219,8 +232,7 @@ def frequency(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]
 
 
 def known_popularity(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
-    templates = prompts.workload.templates
-    return fill_by_rank(prompts, sorted(range(len(templates)), key=lambda i: -templates[i].weight))
+    return fill_by_rank(prompts, by_popularity(prompts))
 
 
 POLICIES = {
@@ -232,9 +244,9 @@ POLICIES = {
 }
 
 
-def futures(workload: Workload, extra: int, seed: int) -> list[list[Request]]:
+def futures(workload: Workload, extra: int, label: str) -> list[list[Request]]:
     """The workload's own future and ``extra`` more drawn from its popularity."""
-    rng = random.Random(f"futures-{seed}")
+    rng = random.Random(label)
     templates = workload.templates
     weights = [t.weight for t in templates]
     drawn = [workload.future]
@@ -245,25 +257,56 @@ def futures(workload: Workload, extra: int, seed: int) -> list[list[Request]]:
     return drawn
 
 
-def evaluate(seeds: int, extra_futures: int) -> dict:
+def best_static(prompts: Prompts, training: Sequence[Sequence[Request]]) -> list[int]:
+    """The set of template heads (primed least popular first) with the most first-use hits on
+    ``training`` futures, by local search (swap one in or out) from the popularity fill."""
+    weights = [t.weight for t in prompts.workload.templates]
+
+    def hits(chosen: Sequence[int]) -> int:
+        priming = [prompts.head(i) for i in sorted(chosen, key=lambda i: weights[i])]
+        return sum(first_use_hits(prompts, future, priming) for future in training)
+
+    def fits(chosen: Sequence[int]) -> bool:
+        return sum(prompts.blocks(i) for i in chosen) <= USABLE_BLOCKS
+
+    best = fill(prompts, by_popularity(prompts))
+    best_hits, improved = hits(best), True
+    while improved:
+        improved = False
+        for out in [None, *best]:
+            for into in (i for i in range(len(weights)) if i not in best):
+                trial = [i for i in best if i != out] + [into]
+                if fits(trial) and (trial_hits := hits(trial)) > best_hits:
+                    best, best_hits, improved = trial, trial_hits, True
+    return sorted(best, key=lambda i: weights[i])
+
+
+def evaluate(seeds: int, extra_futures: int, search: bool = False) -> dict:
     """First-use hits per policy, summed over seeds and futures, and each policy's share of the
-    oracle's hits."""
+    oracle's hits. With ``search``, also the best static set found on other futures."""
     tokenizer = Tokenizer.load()
     totals: Counter[str] = Counter()
     per_seed = []
+    names = [*POLICIES, "best_static"] if search else list(POLICIES)
     for seed in range(seeds):
         workload = build_workload(tokenizer.count, seed=seed)
         prompts = Prompts(workload, tokenizer)
         row: Counter[str] = Counter()
-        for future in futures(workload, extra_futures, seed):
+        static = None
+        if search:
+            training = futures(workload, extra_futures, f"training-{seed}")[1:]
+            static = [prompts.head(i) for i in best_static(prompts, training)]
+        for future in futures(workload, extra_futures, f"futures-{seed}"):
             row["first_uses"] += len({r.template for r in future})
             for name, policy in POLICIES.items():
                 row[name] += first_use_hits(
                     prompts, future, policy(prompts, workload.history, future)
                 )
+            if static is not None:
+                row["best_static"] += first_use_hits(prompts, future, static)
         per_seed.append({"seed": seed, **row})
         totals.update(row)
-    share = {name: round(totals[name] / max(1, totals["oracle"]), 3) for name in POLICIES}
+    share = {name: round(totals[name] / max(1, totals["oracle"]), 3) for name in names}
     return {"seeds": seeds, "futures_per_seed": extra_futures + 1, "totals": dict(totals),
             "share_of_oracle": share, "per_seed": per_seed}  # fmt: skip
 
@@ -272,8 +315,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--futures", type=int, default=12, help="extra futures per seed")
+    parser.add_argument("--search", action="store_true", help="also search the best static set")
     args = parser.parse_args(argv)
-    print(json.dumps(evaluate(args.seeds, args.futures), indent=1))
+    print(json.dumps(evaluate(args.seeds, args.futures, args.search), indent=1))
 
 
 if __name__ == "__main__":
