@@ -28,9 +28,12 @@ def stable_hash(payload: str | bytes, size: int = 8) -> str:
     return hashlib.blake2b(data, digest_size=size).hexdigest()
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no spaces: equal values give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def params_hash(params: Mapping[str, Any]) -> str:

@@ -47,6 +47,8 @@ def groups(items: Sequence[WarmItem], size: int) -> list[list[int]]:
         i, item = pair
         if not _groupable(item):
             return f"single:{i}"
+        if not item.params:
+            return f"a:{item.adapter}"
         return canonical_json({"a": item.adapter, "p": dict(item.params)})
 
     out: list[list[int]] = []
