@@ -43,7 +43,8 @@ _SPAN_NAME = re.compile(r"([A-Za-z_][\w ]*?)(\{|:(?!:))")
 _BRACES = re.compile(r"\"(?:[^\"\\]|\\.)*\"|[{}]", re.DOTALL)
 _FIELD_SPLIT = re.compile(r"\"(?:[^\"\\]|\\.)*\"|[{}\[\]()]| (?=[\w.]+=)", re.DOTALL)
 _TARGET = re.compile(r"(?P<target>[\w:]+): (?P<file>[\w/.-]+\.rs):(?P<line>\d+): ")
-_UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+#: duration units before ``s``: (characters, seconds)
+_TWO_LETTER_UNITS = {"ns": (2, 1e-9), "µs": (2, 1e-6), "us": (2, 1e-6), "ms": (2, 1e-3)}
 _INPUTS = re.compile(r"inputs: (\"(?:[^\"\\]|\\.)*\")", re.DOTALL)
 ENDPOINTS = {
     "chat_completions": "/v1/chat/completions",
@@ -54,6 +55,8 @@ ENDPOINTS = {
 }
 _OPENERS = ("{", "[", "(")
 _CLOSERS = ("}", "]", ")")
+#: parameters texts remembered (decoded, and parsed into fields); a full cache is dropped
+_PARAMS_CACHE_SIZE = 4096
 #: non-streaming ``Input:`` is cut to 1000 characters (v2.3+) or bytes (v2.0-2.2)
 INPUT_LOG_CAP = 1000
 
@@ -83,19 +86,19 @@ def duration_s(text: str | None) -> float | None:
     """Rust ``Duration`` Debug text (``754.5µs``, ``1.5s``) in seconds."""
     if not text:
         return None
-    text = text.strip('"')
-    # what _DURATION.fullmatch reads, by string methods (4 durations a request): a unit, then
-    # digits (Unicode decimals, as ``\d``) with at most one fraction
-    unit = text[-2:]
-    if unit not in _UNIT:
-        unit = text[-1:]
-        if unit != "s":
+    if text[0] == '"' or text[-1] == '"':
+        text = text.strip('"')
+    # ``(\d+(?:\.\d+)?)(ns|µs|us|ms|s)`` read by string methods, 2x faster (4 a request):
+    # ``isdecimal`` is ``\d`` (Unicode category Nd), which ``float`` reads too
+    unit = _TWO_LETTER_UNITS.get(text[-2:])
+    if unit is None:
+        if text[-1:] != "s":
             return None
-    number = text[: -len(unit)]
-    whole, dot, fraction = number.partition(".")
-    if not whole.isdecimal() or (dot and not fraction.isdecimal()):
+        unit = (1, 1.0)
+    number = text[: -unit[0]]
+    if not number.replace(".", "", 1).isdecimal() or number[0] == "." or number[-1] == ".":
         return None
-    return float(number) * _UNIT[unit]
+    return float(number) * unit[1]
 
 
 def span_fields(text: str) -> dict[str, str]:
@@ -135,11 +138,18 @@ _FAST_SPAN = re.compile(
 _QUOTED_FIELD = re.compile(r"(\w+)=\"([^\"\\]*)\"")
 
 
-def _fast_spans(match: re.Match[str]) -> list[tuple[str, dict[str, str]]]:
+def _fast_spans(match: re.Match[str], decoded: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """Spans of a fast match; ``decoded`` remembers parameters texts (clients repeat them)."""
     fields = dict(_QUOTED_FIELD.findall(match.group("fields")))
     params = match.group("params")
     if params is not None:
-        fields["parameters"] = decode_rust_str(params) if params.startswith('"') else params
+        text = decoded.get(params)
+        if text is None:
+            if len(decoded) >= _PARAMS_CACHE_SIZE:
+                decoded.clear()
+            text = decode_rust_str(params) if params.startswith('"') else params
+            decoded[params] = text
+        fields["parameters"] = text
     spans = [(match.group("span"), fields)]
     children = match.group("children")
     if children:
@@ -210,6 +220,7 @@ class TgiChunkParser:
         self.current: TgiEvent | None = None
         self.inputs: dict[tuple[str, str | None], deque[str]] = {}
         self._params_cache: dict[str, dict[str, Any]] = {}
+        self._params_texts: dict[str, str] = {}  # as printed -> decoded
         self._hasher = PrefixHasher(block_size)
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
@@ -238,7 +249,7 @@ class TgiChunkParser:
         rest = line[start.end() :].removesuffix("\r")
         fast = _FAST_SPAN.match(rest)
         if fast is not None:
-            spans = _fast_spans(fast)
+            spans = _fast_spans(fast, self._params_texts)
             self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
                                     fast.group("target"), rest[fast.end() :], line_no)  # fmt: skip
             return
@@ -381,7 +392,7 @@ class TgiChunkParser:
     def _params(self, record: dict[str, Any], text: str) -> None:
         fields = self._params_cache.get(text)
         if fields is None:
-            if len(self._params_cache) >= 4096:
+            if len(self._params_cache) >= _PARAMS_CACHE_SIZE:
                 self._params_cache.clear()
             fields = self._params_cache[text] = parameter_fields(generate_parameters(text))
         record.update(fields)
