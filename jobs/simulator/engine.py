@@ -22,7 +22,7 @@ from jobs.simulator.cache import BlockPrefixCache
 from jobs.simulator.metrics import EngineMetrics
 from jobs.simulator.outputs import SimulatedToken, generate_tokens, natural_length, token_id
 from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter, lora_request_repr
-from pipeline.prefix import block_hashes, block_hashes_from_ids, pseudo_token_spans
+from pipeline.prefix import block_hashes, block_hashes_from_ids, pseudo_tokens
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class GenerationRequest:
 @functools.lru_cache(maxsize=4096)
 def _text_tokens(prompt: str, block_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Token ids and block chain of a prompt; memoised, as a probe repeats its priming prompt."""
-    ids = tuple(token_id(prompt[a:b]) for a, b in pseudo_token_spans(prompt))
+    ids = tuple(map(token_id, pseudo_tokens(prompt)))
     return ids, tuple(block_hashes(prompt, block_size))
 
 
