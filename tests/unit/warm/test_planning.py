@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from models.forecaster import HotnessForecaster
+from models.persistence import save_model
+from pipeline.evaluation import CountMatrix
 from pipeline.keys import CacheKey
 from pipeline.plan import PlanBudget
 from pipeline.planning import PlanRequest, candidates, plan_from_records
 from pipeline.prefix import block_hashes
 from pipeline.records import records_frame
 from pipeline.windows import item_window_counts
-from tasks.model_tasks import retrain
 from tasks.settings import Settings
 from tasks.warm_plan import plan_for_engine, plan_request
 
@@ -78,7 +80,8 @@ def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
 def test_a_saved_forecaster_is_preferred_and_an_unusable_one_is_refitted(tmp_path):
     records, windows, request = _with_windows(tmp_path)
     models = tmp_path / "models"
-    retrain(counts_path=str(windows), data_dir=str(tmp_path))
+    counts = CountMatrix.from_counts(pd.read_parquet(windows), kind="prefix")
+    save_model(HotnessForecaster().fit(counts), models, "hotness")  # what retrain saves
     saved = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
     assert "forecast: model (saved)" in saved.notes
     assert saved.items[-1].text.startswith(HEADS[0][:30])
