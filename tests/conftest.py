@@ -162,11 +162,13 @@ def broker_url() -> str:
 def celery_app_configured(broker_url: str):
     """prewarm's Celery app configured for the test Redis, as a client."""
     from tasks import settings as settings_module
-    from tasks.celery_app import app
+    from tasks.celery_app import app, celery_config
 
     os.environ["PREWARM_REDIS_URL"] = broker_url
     os.environ["PREWARM_STORE_URL"] = STORE_URL
     settings_module.current_settings.cache_clear()
+    # Also when something configured the app before (with the default broker): set it again.
+    app.conf.update(celery_config(settings_module.current_settings()))
     return app
 
 
