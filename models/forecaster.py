@@ -21,6 +21,10 @@ from models.persistence import ModelState
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 
+#: The name the forecaster is saved under (``<data_dir>/models/<name>``) by the model tasks, and
+#: looked up by the planner.
+SAVED_NAME = "hotness"
+
 
 class HotnessForecaster(HotnessModel):
     """Predicts each item's next-window requests.

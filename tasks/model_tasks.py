@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 from celery import shared_task
 
-from models.forecaster import HotnessForecaster
+from models.forecaster import SAVED_NAME, HotnessForecaster
 from models.persistence import code_version, load_model, read_saved, save_model
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
@@ -71,7 +71,7 @@ def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict
 @shared_task(name="prewarm.model.retrain", acks_late=True)
 def retrain(
     counts_path: str | None = None,
-    name: str = "hotness",
+    name: str = SAVED_NAME,
     data_dir: str | None = None,
     kind: str | None = None,
 ) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def retrain(
 @shared_task(name="prewarm.model.predict", acks_late=True)
 def predict(
     counts_path: str | None = None,
-    name: str = "hotness",
+    name: str = SAVED_NAME,
     data_dir: str | None = None,
     kind: str | None = None,
     top: int = 20,

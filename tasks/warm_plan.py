@@ -50,10 +50,6 @@ def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
     return records, next((c for c in counts if c.exists()), None)
 
 
-#: The saved forecaster's name under ``<data_dir>/models`` (what ``prewarm.model.retrain`` writes).
-FORECASTER_NAME = "hotness"
-
-
 def _prediction_map(predicted: pd.DataFrame) -> dict[str, float]:
     keys, values = predicted["item_key"].astype(str), predicted["predicted"].astype(float)
     return dict(zip(keys, values, strict=True))
@@ -62,13 +58,13 @@ def _prediction_map(predicted: pd.DataFrame) -> dict[str, float]:
 def saved_forecast(prefixes: pd.DataFrame, models_root: Path) -> dict[str, float] | None:
     """Predictions of the current saved forecaster (``prewarm.model.retrain``), or None when
     there is none or it cannot be used by this code (it is then refitted)."""
-    from models.forecaster import HotnessForecaster
+    from models.forecaster import SAVED_NAME, HotnessForecaster
     from models.persistence import load_model
 
-    if not (models_root / FORECASTER_NAME).exists():
+    if not (models_root / SAVED_NAME).exists():
         return None
     try:
-        model = load_model(models_root, FORECASTER_NAME, kind=HotnessForecaster.name)
+        model = load_model(models_root, SAVED_NAME, kind=HotnessForecaster.name)
         return _prediction_map(model.predict_next(prefixes, kind="prefix"))
     except (PrewarmError, KeyError, ValueError) as exc:
         log.info("saved forecaster unusable (%s); fitting one", exc)

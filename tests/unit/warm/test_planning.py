@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from models.forecaster import HotnessForecaster
+from models.forecaster import SAVED_NAME, HotnessForecaster
 from models.persistence import save_model
 from pipeline.evaluation import CountMatrix
 from pipeline.keys import CacheKey
@@ -81,7 +81,7 @@ def test_a_saved_forecaster_is_preferred_and_an_unusable_one_is_refitted(tmp_pat
     records, windows, request = _with_windows(tmp_path)
     models = tmp_path / "models"
     counts = CountMatrix.from_counts(pd.read_parquet(windows), kind="prefix")
-    save_model(HotnessForecaster().fit(counts), models, "hotness")  # what retrain saves
+    save_model(HotnessForecaster().fit(counts), models, SAVED_NAME)  # what retrain saves
     saved = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
     assert "forecast: model (saved)" in saved.notes
     assert saved.items[-1].text.startswith(HEADS[0][:30])
