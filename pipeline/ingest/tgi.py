@@ -16,6 +16,7 @@ parameters, first in first out (TGI gives nothing better to join on).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import deque
@@ -55,7 +56,8 @@ ENDPOINTS = {
 }
 _OPENERS = ("{", "[", "(")
 _CLOSERS = ("}", "]", ")")
-#: parameters texts remembered (decoded, and parsed into fields); a full cache is dropped
+#: parameters texts remembered: decoded (least recently used dropped) and parsed into fields
+#: (a parser's full table dropped)
 _PARAMS_CACHE_SIZE = 4096
 #: non-streaming ``Input:`` is cut to 1000 characters (v2.3+) or bytes (v2.0-2.2)
 INPUT_LOG_CAP = 1000
@@ -138,18 +140,18 @@ _FAST_SPAN = re.compile(
 _QUOTED_FIELD = re.compile(r"(\w+)=\"([^\"\\]*)\"")
 
 
-def _fast_spans(match: re.Match[str], decoded: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
-    """Spans of a fast match; ``decoded`` remembers parameters texts (clients repeat them)."""
+@functools.lru_cache(maxsize=_PARAMS_CACHE_SIZE)
+def _printed_parameters(params: str) -> str:
+    """A span's parameters as printed, decoded (memoised: clients repeat them)."""
+    return decode_rust_str(params) if params.startswith('"') else params
+
+
+def _fast_spans(match: re.Match[str]) -> list[tuple[str, dict[str, str]]]:
+    """Spans of a fast match."""
     fields = dict(_QUOTED_FIELD.findall(match.group("fields")))
     params = match.group("params")
     if params is not None:
-        text = decoded.get(params)
-        if text is None:
-            if len(decoded) >= _PARAMS_CACHE_SIZE:
-                decoded.clear()
-            text = decode_rust_str(params) if params.startswith('"') else params
-            decoded[params] = text
-        fields["parameters"] = text
+        fields["parameters"] = _printed_parameters(params)
     spans = [(match.group("span"), fields)]
     children = match.group("children")
     if children:
@@ -220,7 +222,6 @@ class TgiChunkParser:
         self.current: TgiEvent | None = None
         self.inputs: dict[tuple[str, str | None], deque[str]] = {}
         self._params_cache: dict[str, dict[str, Any]] = {}
-        self._params_texts: dict[str, str] = {}  # as printed -> decoded
         self._hasher = PrefixHasher(block_size)
 
     def feed(self, first_line: int, lines: Iterable[str]) -> None:
@@ -249,7 +250,7 @@ class TgiChunkParser:
         rest = line[start.end() :].removesuffix("\r")
         fast = _FAST_SPAN.match(rest)
         if fast is not None:
-            spans = _fast_spans(fast, self._params_texts)
+            spans = _fast_spans(fast)
             self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
                                     fast.group("target"), rest[fast.end() :], line_no)  # fmt: skip
             return
