@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,13 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import redis
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.engines.engine import free_port, wait_until_answers  # noqa: E402
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
 from tasks.targets.base import WarmOptions  # noqa: E402
@@ -70,12 +69,6 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def simulator_process():
     """``prewarm simulator`` at zero latency in its own process; yields its URL."""
@@ -87,14 +80,9 @@ def simulator_process():
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"simulator did not start (exit code {proc.poll()})")
-            time.sleep(0.2)
+        why = wait_until_answers(f"{url}/health", proc, time.monotonic() + 60, every_s=0.2)
+        if why is not None:
+            raise SystemExit(f"simulator {why}")
         yield url
     finally:
         proc.terminate()

@@ -48,6 +48,21 @@ def missing_prerequisites() -> str | None:
     return None
 
 
+def wait_until_answers(
+    url: str, proc: subprocess.Popen[bytes], deadline: float, every_s: float
+) -> str | None:
+    """Poll ``GET url`` until it answers 200 (``None``); else why not: ``proc`` exited, or
+    ``deadline`` (monotonic) passed."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return None
+        time.sleep(every_s)
+    return "not ready in time"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
@@ -113,17 +128,12 @@ class VllmServer:
 
     def _wait_ready(self, deadline: float) -> None:
         assert self.proc is not None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM not ready in time; see {self.log_path}")
+        why = wait_until_answers(f"{self.url}/v1/models", self.proc, deadline, every_s=1.0)
+        if why is None:
+            return
+        if self.proc.poll() is None:
+            self.stop()
+        raise RuntimeError(f"vLLM {why}; see {self.log_path}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the server: SIGTERM to the API server, then SIGKILL to its group after ``timeout``.
