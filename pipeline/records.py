@@ -31,7 +31,7 @@ RECORD_DTYPES: dict[str, str] = {
     "top_p": "Float64",
     "top_k": "Int64",
     "max_tokens": "Int64",
-    "seed": "Int64",
+    "seed": "UInt64",  # TGI draws u64 seeds; vLLM's are >= 0 in practice (negative: missing)
     "params_hash": "string",
     "ttft_s": "Float64",
     "e2e_s": "Float64",

@@ -129,13 +129,25 @@ def _missing(value: Any) -> bool:
 
 
 def detect_cap(chunks: Sequence[ChunkResult], options: IngestOptions) -> int | None:
-    """``--max-log-len``: given, or the length most often shared by a prompt and its ids."""
+    """``--max-log-len``: given, or detected; ``None`` when the file shows no cap.
+
+    vLLM cuts a prompt to N characters and its token ids to N ids (FORMATS.md 1.3), so a cap
+    N shows as prompts of N characters with N ids whose text is too short for that many
+    tokens (:func:`pipeline.ingest.vllm.cut_looking`), and nothing in the file is longer: a
+    prompt of more than N characters, or a list of more than N ids, refutes it. Only the
+    longest prompt length can therefore be the cap, and only when evidence names it.
+    """
     if options.max_log_len is not None:
         return options.max_log_len
     evidence: Counter[int] = Counter()
+    longest_prompt = longest_ids = 0
     for chunk in chunks:
         evidence.update(chunk.cap_evidence)
-    return evidence.most_common(1)[0][0] if evidence else None
+        longest_prompt = max(longest_prompt, chunk.longest_prompt)
+        longest_ids = max(longest_ids, chunk.longest_ids)
+    if evidence[longest_prompt] and longest_ids <= longest_prompt:
+        return longest_prompt
+    return None
 
 
 def finalize_log_records(

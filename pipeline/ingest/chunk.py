@@ -87,8 +87,13 @@ class ChunkResult:
     repaired: int = 0
     #: the byte offset just past the last line consumed (for incremental ingestion)
     offset: int = 0
-    #: prompt lengths equal to their token-id list lengths: evidence of ``--max-log-len``
+    #: prompt lengths equal to their token-id list lengths where the text is too short to
+    #: hold that many tokens: evidence of ``--max-log-len`` (see ``assemble.detect_cap``)
     cap_evidence: Counter[int] = field(default_factory=Counter)
+    #: the longest prompt (characters) and token-id list (prompt or output) seen: a cap below
+    #: either is refuted
+    longest_prompt: int = 0
+    longest_ids: int = 0
     notes: list[str] = field(default_factory=list)
     #: line numbers where a year-less timestamp's month fell back (December -> January)
     rollovers: list[int] = field(default_factory=list)
@@ -96,6 +101,8 @@ class ChunkResult:
     last_ts: str | None = None
     #: ServeGen series are aggregates, not requests: counts-shape rows
     counts: list[dict[str, Any]] = field(default_factory=list)
+    #: where this piece's heads and metrics parts were written (``<part>.heads.parquet`` ...)
+    part: str = ""
 
 
 def chunk_meta(result: ChunkResult) -> dict[str, Any]:

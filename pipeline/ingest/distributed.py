@@ -63,18 +63,22 @@ def ingest_chunk(
     prefix = _prefix(Path(folder), chunk)
     meta_path = prefix.with_suffix(".meta.json")
     if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
+        pieces = json.loads(meta_path.read_text())["pieces"]
         return {
             "cached": True,
-            "lines": meta["lines"],
-            "rejected": sum(meta["rejects"]["counts"].values()),
+            "lines": sum(p["lines"] for p in pieces),
+            "rejected": sum(sum(p["rejects"]["counts"].values()) for p in pieces),
         }
     Path(folder).mkdir(parents=True, exist_ok=True)
-    result = run_chunk(ChunkJob(chunk, options, True, str(prefix)))
+    results = run_chunk(ChunkJob(chunk, options, True, str(prefix)))
     tmp = meta_path.with_name(meta_path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(chunk_meta(result)))
+    tmp.write_text(json.dumps({"pieces": [chunk_meta(r) for r in results]}))
     os.replace(tmp, meta_path)  # the meta file last: its presence means the parts are whole
-    return {"cached": False, "lines": result.lines, "rejected": result.rejects.total}
+    return {
+        "cached": False,
+        "lines": sum(r.lines for r in results),
+        "rejected": sum(r.rejects.total for r in results),
+    }
 
 
 def assemble_file(
@@ -87,11 +91,11 @@ def assemble_file(
 ) -> dict[str, Any]:
     """Assemble every chunk's parts into ``out_dir`` (records, windows, metrics Parquet)."""
     chunks = [ChunkSpec(**s) for s in specs]
-    prefixes = [str(_prefix(Path(folder), c)) for c in chunks]
     plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks)
-    assembly = FileAssembly(plan, options, prefixes)
-    for prefix in prefixes:
-        assembly.chunks.append(chunk_from_meta(json.loads(Path(f"{prefix}.meta.json").read_text())))
+    assembly = FileAssembly(plan, options)
+    for chunk in chunks:
+        meta = json.loads(_prefix(Path(folder), chunk).with_suffix(".meta.json").read_text())
+        assembly.chunks.extend(chunk_from_meta(m) for m in meta["pieces"])
     out = Path(out_dir)
     sink = ParquetSink(options.window, out)
     try:

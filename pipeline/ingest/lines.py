@@ -8,6 +8,8 @@
   counts as ``line too long``.
 * Invalid UTF-8 is decoded with U+FFFD replacements (the line may still carry a good record)
   and counted in ``repaired``; the parser rejects it if it is not a line it knows.
+* Lines end with ``\n``, ``\r\n`` or a lone ``\r`` (a CR-only file, or a CR left between two
+  lines), and never keep their ending: a lone ``\r`` does not glue two lines' fields together.
 * With ``partial_tail=False`` (incremental ingestion of a growing file) a last line without its
   newline is left unread: ``offset`` then points at its start, for the next run.
 """
@@ -99,6 +101,17 @@ def _skip(blocks: Iterator[bytes], count: int) -> Iterator[bytes]:
         count = 0
 
 
+def _newlines(data: bytes) -> tuple[bytes, bytes]:
+    """``data`` with every line ending made ``\n`` (``\r\n`` and a lone ``\r``), and a last
+    ``\r`` held back (its ``\n`` may be the first byte of the next block)."""
+    if b"\r" not in data:
+        return data, b""
+    held = b""
+    if data.endswith(b"\r"):
+        data, held = data[:-1], b"\r"
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
+
+
 class LineReader:
     """Iterate over blocks of decoded lines of one file (or one byte range of it).
 
@@ -145,15 +158,17 @@ class LineReader:
         carry = b""
         skipping = False  # inside a line already known to be too long
         line_no = self.first_line
+        held_cr = b""  # a block's last byte "\r": its "\n" may start the next block
         while True:
             try:
-                block = next(source, b"")
+                raw = next(source, b"")
             except (EOFError, OSError, zlib.error) as exc:
                 self.rejects.add(BAD_GZIP, line_no, f"{type(exc).__name__}: {exc}")
                 return  # the partial line in ``carry`` is incomplete: never consumed
-            if not block:
+            if not raw:
                 break
-            self.bytes_read += len(block)
+            self.bytes_read += len(raw)
+            block, held_cr = _newlines(held_cr + raw)
             cut = block.rfind(b"\n")
             if cut < 0:
                 carry, skipping = self._grow(carry, block, skipping, line_no)
@@ -170,7 +185,14 @@ class LineReader:
             carry = rest
             yield from self._emit(lines, line_no)
             line_no += len(lines)
-            self.offset = self.start + self.bytes_read - len(rest)
+            self.offset = self.start + self.bytes_read - len(rest) - len(held_cr)
+        if held_cr and self.partial_tail:  # the file ends with "\r": its last line is whole
+            self.offset = self.start + self.bytes_read
+            if skipping:
+                self.lines += 1
+            else:
+                yield from self._emit([self._decode_line(carry)], line_no)
+            return
         yield from self._tail(carry, skipping, line_no)
 
     def _grow(self, carry: bytes, block: bytes, skipping: bool, line_no: int) -> tuple[bytes, bool]:

@@ -8,6 +8,7 @@ files and traces are one chunk each.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -24,6 +25,8 @@ from pipeline.ingest.tgi import EVENT_START, TgiChunkParser
 from pipeline.ingest.vllm import ANSI, VllmChunkParser
 from pipeline.records import RECORD_DTYPES
 
+ChunkParser = VllmChunkParser | TgiChunkParser
+
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
 _ANSI_START = re.compile(rb"^(?:\x1b\[[0-9;]*m)*\d{4}-\d\d-\d\dT")
@@ -38,6 +41,13 @@ class ChunkSpec:
     start: int
     end: int | None
     index: int = 0
+
+
+def _event_start_text(fmt: str, line: str) -> bool:
+    """Whether a decoded line may start a chunk of ``fmt`` (TGI text: only an event)."""
+    if fmt != "tgi-text":
+        return True
+    return EVENT_START.match(ANSI.sub("", line) if "\x1b" in line else line) is not None
 
 
 def _event_start(fmt: str, line: bytes) -> bool:
@@ -88,30 +98,99 @@ def plan_chunks(path: str | Path, fmt: str, chunk_bytes: int, start: int = 0) ->
 
 
 def parse_chunk(spec: ChunkSpec, options: IngestOptions, partial_tail: bool = True) -> ChunkResult:
-    """Parse one chunk; bad lines are counted, never raised."""
-    result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
-    result.rejects = Rejects(spec.path)
+    """Parse one chunk into one result (its pieces merged; for small chunks and tests)."""
+    pieces = list(parse_pieces(spec, options, partial_tail))
+    return pieces[0] if len(pieces) == 1 else merge_pieces(pieces)
+
+
+def parse_pieces(
+    spec: ChunkSpec, options: IngestOptions, partial_tail: bool = True
+) -> Iterator[ChunkResult]:
+    """Parse one chunk as pieces of about ``options.chunk_bytes`` each; bad lines are counted,
+    never raised.
+
+    A plain file's chunk is about one piece; a ``.gz`` file is one chunk (it cannot be entered
+    in the middle) of any decompressed size, so it is cut here, at a line (TGI text: event)
+    start, and no piece holds more than a chunk's records: memory stays bounded whatever the
+    compression ratio.
+    """
     if spec.format not in LOG_FORMATS:
-        return _parse_trace(spec, options, result)
+        result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
+        result.rejects = Rejects(spec.path)
+        yield _parse_trace(spec, options, result)
+        return
     reader = LineReader(
-        spec.path,
-        result.rejects,
-        start=spec.start,
-        end=spec.end,
-        max_line_bytes=options.max_line_bytes,
-        partial_tail=partial_tail,
-    )
-    parser: VllmChunkParser | TgiChunkParser
-    if spec.format == "vllm":
-        parser = VllmChunkParser(result, options.block_size, Path(spec.path).name)
-    else:
-        parser = TgiChunkParser(result, options.block_size, spec.format == "tgi-json")
+        spec.path, Rejects(spec.path), start=spec.start, end=spec.end,
+        max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
+    )  # fmt: skip
+    piece = _Piece(spec, options, reader, lines_before=0, bytes_before=0)
     for first, lines in reader:
-        parser.feed(first, lines)
-    parser.finish()
-    result.lines, result.bytes_read = reader.lines, reader.bytes_read
-    result.repaired, result.offset = reader.repaired, reader.offset
-    return result
+        if piece.full() and _event_start_text(spec.format, lines[0]):
+            yield piece.close(reader.lines - len(lines))
+            piece = _Piece(spec, options, reader, reader.lines - len(lines), piece.bytes_end)
+        piece.parser.feed(first, lines)
+    yield piece.close(reader.lines, last=True)
+
+
+class _Piece:
+    """One piece of a chunk being parsed: its result, its parser, where it began."""
+
+    def __init__(
+        self,
+        spec: ChunkSpec,
+        options: IngestOptions,
+        reader: LineReader,
+        lines_before: int,
+        bytes_before: int,
+    ) -> None:
+        self.result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
+        self.result.rejects = reader.rejects = Rejects(spec.path)
+        self.reader, self.options = reader, options
+        self.lines_before, self.bytes_before = lines_before, bytes_before
+        self.bytes_end = bytes_before
+        self.parser = _parser(spec, options, self.result)
+
+    def full(self) -> bool:
+        return self.reader.bytes_read - self.bytes_before >= self.options.chunk_bytes
+
+    def close(self, lines_seen: int, last: bool = False) -> ChunkResult:
+        """Finish the piece: its lines are those up to ``lines_seen`` (numbered from the
+        chunk's start, so reject samples are renumbered from the piece's)."""
+        self.parser.finish()
+        result, reader = self.result, self.reader
+        result.lines = lines_seen - self.lines_before
+        result.rejects.renumber(-self.lines_before)
+        self.bytes_end = reader.bytes_read
+        result.bytes_read = self.bytes_end - self.bytes_before
+        result.repaired, result.offset = reader.repaired, reader.offset
+        return result
+
+
+def _parser(spec: ChunkSpec, options: IngestOptions, result: ChunkResult) -> ChunkParser:
+    if spec.format == "vllm":
+        return VllmChunkParser(result, options.block_size, Path(spec.path).name)
+    return TgiChunkParser(
+        result, options.block_size, spec.format == "tgi-json", max_message=options.max_line_bytes
+    )
+
+
+def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
+    """The pieces of one chunk as one result (heads, tails applied, counters summed)."""
+    merged = pieces[0]
+    for piece in pieces[1:]:
+        merged.rejects.merge(piece.rejects, merged.lines)
+        merged.heads.extend(piece.heads)
+        merged.tails.update(piece.tails)
+        merged.metrics.extend(piece.metrics)
+        merged.ignored.update(piece.ignored)
+        merged.cap_evidence.update(piece.cap_evidence)
+        merged.longest_prompt = max(merged.longest_prompt, piece.longest_prompt)
+        merged.longest_ids = max(merged.longest_ids, piece.longest_ids)
+        merged.lines += piece.lines
+        merged.bytes_read += piece.bytes_read
+        merged.repaired, merged.offset = piece.repaired, piece.offset
+        merged.last_ts = piece.last_ts or merged.last_ts
+    return merged
 
 
 def _parse_trace(spec: ChunkSpec, options: IngestOptions, result: ChunkResult) -> ChunkResult:

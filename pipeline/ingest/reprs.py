@@ -149,13 +149,14 @@ def as_int(raw: str | None) -> int | None:
     return int(value) if value == int(value) else None
 
 
-def seed_int64(raw: str | None) -> int | None:
-    """A seed as int64: TGI draws u64 seeds; those above 2**63-1 wrap (two's complement),
-    which keeps them distinct and round-trips through the records' Int64 column."""
-    value = as_int(raw)
-    if value is None or not -(2**63) <= value < 2**64:
+def seed_u64(raw: str | None) -> int | None:
+    """A seed exactly as printed, when it is an unsigned 64-bit integer (TGI's ``u64``, vLLM's
+    non-negative ``int``); anything else (negative, larger, not an integer) is left out, never
+    wrapped or rounded."""
+    if raw is None or not (raw.isascii() and raw.isdigit()):
         return None
-    return value - 2**64 if value >= 2**63 else value
+    value = int(raw)
+    return value if value < 2**64 else None
 
 
 def params_hash(params: Mapping[str, object]) -> str:

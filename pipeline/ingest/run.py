@@ -8,6 +8,8 @@ a time, so memory is bounded by the chunk size times the number of workers.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -22,11 +24,11 @@ import pyarrow.parquet as pq
 from pipeline.errors import BadInputError
 from pipeline.ingest import assemble
 from pipeline.ingest.chunk import ChunkResult
-from pipeline.ingest.detect import FORMATS, detect_format
+from pipeline.ingest.detect import FORMATS, LOG_FORMATS, detect_format
 from pipeline.ingest.finish import PartJob, finish_part, finishing_pool, ordered_map, read_part
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_chunk, plan_chunks
+from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_pieces, plan_chunks
 from pipeline.ingest.sinks import MemorySink, ParquetSink
 from pipeline.ingest.state import FileState, IngestState, identify
 from pipeline.ingest.summary import FileSummary, Rejects
@@ -49,21 +51,73 @@ class FilePlan:
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named, and every non-hidden file under folders named, in a stable order."""
+    """Files named, and every non-hidden regular file under folders named, in a stable order."""
+    return find_inputs(paths)[0]
+
+
+def find_inputs(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Files to read, and entries of named folders left out with the reason.
+
+    A file named on the command line is read even through a symlink (its owner chose it);
+    inside a folder, symlinks are not followed (one could lead out of the folder, or name a
+    file twice) and FIFOs, sockets and devices are left out (reading one may block forever).
+    A named path that is no regular file is a :class:`BadInputError` naming what it is.
+    """
     files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(p for p in sorted(path.rglob("*")) if p.is_file() and not _hidden(p, path))
+            found, left_out = _folder_files(path)
+            files.extend(found)
+            skipped.extend(left_out)
         elif path.is_file():
             files.append(path)
         else:
-            raise BadInputError("no such file or folder", where=str(path))
-    return files
+            raise BadInputError(_not_a_file(path), where=str(path))
+    return files, skipped
 
 
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+def _not_a_file(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return f"a symlink to {os.readlink(path)!r}, which does not exist"
+    if not path.exists():
+        return "no such file or folder"
+    kind = _special_kind(path.stat().st_mode)
+    return f"{kind}, not a regular file: ingest reads files (copy the stream into one first)"
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file or folder"
+
+
+def _folder_files(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for folder, dirs, names in os.walk(root):  # followlinks=False: linked folders not entered
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for d in dirs:
+            if (here / d).is_symlink():
+                skipped.append((here / d, "symlink to a folder: not followed"))
+        for name in sorted(names):
+            path = here / name
+            if name.startswith("."):
+                continue
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                skipped.append((path, "symlink inside a folder: not followed"))
+            elif stat.S_ISREG(mode):
+                files.append(path)
+            else:
+                skipped.append((path, f"{_special_kind(mode)}: not read"))
+    return sorted(files), skipped
 
 
 def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> FilePlan:
@@ -93,16 +147,18 @@ class ChunkJob:
     part_prefix: str
 
 
-def run_chunk(job: ChunkJob) -> ChunkResult:
-    """Parse one chunk and write its heads and metrics as Parquet parts next to
-    ``job.part_prefix``; return the chunk's light remainder (tails, counters, rejects)."""
-    result = parse_chunk(job.spec, job.options, job.partial_tail)
-    text_ts = job.spec.format in ("vllm", "tgi-text", "tgi-json")
-    heads = heads_frame(result.heads, text_ts)
-    write_part(heads, f"{job.part_prefix}.heads.parquet")
-    write_part(metrics_frame(result.metrics), f"{job.part_prefix}.metrics.parquet")
-    result.heads, result.metrics = [], []
-    return result
+def run_chunk(job: ChunkJob) -> list[ChunkResult]:
+    """Parse one chunk and write each piece's heads and metrics as Parquet parts next to
+    ``job.part_prefix``; return the pieces' light remainders (tails, counters, rejects)."""
+    done = []
+    text_ts = job.spec.format in LOG_FORMATS
+    for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
+        result.part = f"{job.part_prefix}.{k}"
+        write_part(heads_frame(result.heads, text_ts), f"{result.part}.heads.parquet")
+        write_part(metrics_frame(result.metrics), f"{result.part}.metrics.parquet")
+        result.heads, result.metrics = [], []
+        done.append(result)
+    return done
 
 
 def write_part(frame: pd.DataFrame, path: str) -> None:
@@ -119,7 +175,7 @@ def _executor(workers: int) -> Executor | None:
     return ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
 
-def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[ChunkResult]:
+def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[list[ChunkResult]]:
     executor = _executor(workers)
     if executor is None:
         yield from map(run_chunk, jobs)
@@ -135,17 +191,15 @@ class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
     def __init__(
-        self,
-        plan: FilePlan,
-        options: IngestOptions,
-        part_prefixes: list[str],
-        pool: Executor | None = None,
+        self, plan: FilePlan, options: IngestOptions, pool: Executor | None = None
     ) -> None:
         self.plan = plan
         self.pool = pool  # processes finishing chunks (None: this one)
         self.options = options
-        self.part_prefixes = part_prefixes
+        #: the file's pieces, in file order (each with its parts)
         self.chunks: list[ChunkResult] = []
+        #: planned chunks whose pieces are in
+        self.done = 0
         self.summary = FileSummary(str(plan.path), plan.format or "unknown")
         self.summary.rejects = Rejects(str(plan.path))
 
@@ -208,7 +262,7 @@ class FileAssembly:
             yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window, as_table)
 
     def _part(self, index: int, kind: str) -> str:
-        return f"{self.part_prefixes[index]}.{kind}.parquet"
+        return f"{self.chunks[index].part}.{kind}.parquet"
 
     def _emit_metrics(
         self, sink: MemorySink, index: int, chunk: ChunkResult, base: int, fmt: str
@@ -293,7 +347,8 @@ def run_ingest(
     if options.format is not None and options.format not in FORMATS:
         raise BadInputError(f"unknown format {options.format!r}; one of {FORMATS}", where="format")
     _check_tz(options.tz)
-    plans = [plan_file(p, options, state) for p in expand_paths(paths)]
+    files, skipped = find_inputs(paths)
+    plans = [plan_file(p, options, state) for p in files]
     # forked first, while this process is small (see finishing_pool)
     # One finishing process: with two, their chunks' working sets (~190 MB each) on top of the
     # parent's counts pushed a 1 GB vLLM log past 1 GB peak; one still takes the finishing off
@@ -309,7 +364,14 @@ def run_ingest(
             summaries[i] = _unknown_summary(plan, options)
         if state is not None and plan.format is not None:
             state.update(plan.state)
-    return [summaries[i] for i in range(len(plans))]
+    return [summaries[i] for i in range(len(plans))] + [_skipped(p, why) for p, why in skipped]
+
+
+def _skipped(path: Path, reason: str) -> FileSummary:
+    summary = FileSummary(str(path), "skipped")
+    summary.rejects = Rejects(str(path))
+    summary.assumptions.append(reason)
+    return summary
 
 
 def _many_chunks(plans: list[FilePlan]) -> bool:
@@ -329,26 +391,20 @@ def _run_plans(
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
         jobs, owners = _jobs(plans, options, incremental, scratch)
-        assemblies = {
-            i: FileAssembly(
-                p,
-                options,
-                [j.part_prefix for j, o in zip(jobs, owners, strict=True) if o == i],
-                pool,
-            )
-            for i, p in enumerate(plans)
-        }
+        assemblies = {i: FileAssembly(p, options, pool) for i, p in enumerate(plans)}
         total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
         done, last = 0, len(jobs) - 1
-        for n, (owner, result) in enumerate(
+        for n, (owner, pieces) in enumerate(
             zip(owners, _run_jobs(jobs, options.workers), strict=True)
         ):
-            assemblies[owner].chunks.append(result)
-            done += result.bytes_read
+            assembly = assemblies[owner]
+            assembly.chunks.extend(pieces)
+            assembly.done += 1
+            done += sum(piece.bytes_read for piece in pieces)
             if progress is not None:
                 progress(done, total)
-            if len(assemblies[owner].chunks) == len(plans[owner].chunks) and n < last:
-                summaries[owner] = assemblies[owner].finish(sink)
+            if assembly.done == len(plans[owner].chunks) and n < last:
+                summaries[owner] = assembly.finish(sink)
         # The file of the last chunk is assembled after the loop: the worker processes are
         # gone by then, so their memory is not held while the parent assembles.
         if jobs:

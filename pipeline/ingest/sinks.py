@@ -22,6 +22,7 @@ _ARROW = {
     "string": pa.string(),
     "boolean": pa.bool_(),
     "Int64": pa.int64(),
+    "UInt64": pa.uint64(),
     "Float64": pa.float64(),
     "object": pa.list_(pa.string()),
 }

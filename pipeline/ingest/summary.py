@@ -46,6 +46,13 @@ class Rejects:
             room = max(0, SAMPLES_PER_REASON - len(mine))
             mine.extend((line + line_offset, text) for line, text in kept[:room])
 
+    def renumber(self, shift: int) -> None:
+        """Shift every sample's line number by ``shift``."""
+        if shift:
+            self.samples = {
+                r: [(n + shift, t) for n, t in kept] for r, kept in self.samples.items()
+            }
+
     def sample_lines(self) -> dict[str, list[str]]:
         """``reason -> ["file:line: text", ...]``."""
         return {

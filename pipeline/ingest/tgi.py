@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.hashing import PrefixHasher
+from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
 from pipeline.ingest.reprs import (
     as_float,
     as_int,
@@ -33,7 +34,7 @@ from pipeline.ingest.reprs import (
     generate_parameters,
     params_hash,
     rust_option,
-    seed_int64,
+    seed_u64,
 )
 from pipeline.ingest.vllm import ANSI
 
@@ -59,6 +60,23 @@ _CLOSERS = ("}", "]", ")")
 #: parameters texts remembered: decoded (least recently used dropped) and parsed into fields
 #: (a parser's full table dropped)
 _PARAMS_CACHE_SIZE = 4096
+#: messages printed raw, so they may hold newlines
+_MULTILINE = ("Input: ", "Output: ", "Request failed during generation", "Server error")
+#: an ``Input:`` is logged right after the request's clock starts, a ``Success`` right after
+#: ``total_time`` is read: the two instants agree within microseconds; 20 ms covers clock
+#: granularity and a loaded host without reaching a neighbour more often than a FIFO would
+INPUT_JOIN_S = 0.02
+#: launcher and shard-manager lines: a target (``text_generation_launcher: ``) or a span
+#: name first, no ``file.rs:line``
+_LAUNCHER = re.compile(r"[a-z_][\w-]*(?:::[\w-]+)*(?:\{[^{}]*\})?: ")
+#: validation errors that print the prompt's length (and the requested max_new_tokens)
+_GIVEN_TOTAL = re.compile(
+    r"`inputs` tokens \+ `max_new_tokens` must be <= \d+\. Given: (\d+) `inputs` tokens and "
+    r"(\d+) `max_new_tokens`$"
+)
+_GIVEN_INPUT = re.compile(r"`inputs` must have less than \d+ tokens\. Given: (\d+)$")
+_GIVEN_MAX_NEW = re.compile(r"`max_new_tokens` must be <= \d+\. Given: (\d+)$")
+BLANK = "blank line"
 #: non-streaming ``Input:`` is cut to 1000 characters (v2.3+) or bytes (v2.0-2.2)
 INPUT_LOG_CAP = 1000
 
@@ -76,6 +94,15 @@ class TgiEvent:
     continuation: list[str] = field(default_factory=list)
     #: JSON events logged with an explicit parent outside any entered span (streaming)
     detached: bool = False
+    #: characters of the message so far; lines of a message over the cap are rejected
+    size: int = 0
+    overflow: bool = False
+
+    def takes_continuation(self) -> bool:
+        """Whether lines without a timestamp may continue this event's message: only texts
+        TGI prints raw (a prompt, a generated text, a Python exception); every other event is
+        one line, so a line after it is garbage, never part of it."""
+        return not self.overflow and self.message.startswith(_MULTILINE)
 
     def text(self) -> str:
         """The whole message, continuation lines included."""
@@ -137,6 +164,7 @@ _FAST_SPAN = re.compile(
     r"(?P<fields>(?: ?\w+=\"[^\"\\]*\")*)\}(?P<children>(?::\w+)*): "
     r"(?P<target>[\w:]+): [\w/.-]+\.rs:\d+: "
 )
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _QUOTED_FIELD = re.compile(r"(\w+)=\"([^\"\\]*)\"")
 
 
@@ -202,7 +230,7 @@ def parameter_fields(values: dict[str, str]) -> dict[str, Any]:
     record["top_p"] = as_float(plain.get("top_p"))
     record["top_k"] = as_int(plain.get("top_k"))
     record["max_tokens"] = as_int(plain.get("max_new_tokens"))
-    record["seed"] = seed_int64(plain.get("seed"))
+    record["seed"] = seed_u64(plain.get("seed"))
     adapter = plain.get("adapter_id")
     if adapter is not None:
         record["adapter"] = decode_rust_str(adapter)
@@ -215,12 +243,21 @@ def parameter_fields(values: dict[str, str]) -> dict[str, Any]:
 class TgiChunkParser:
     """Parse text or JSON TGI lines of one chunk into record heads."""
 
-    def __init__(self, result: ChunkResult, block_size: int, json_lines: bool) -> None:
+    def __init__(
+        self,
+        result: ChunkResult,
+        block_size: int,
+        json_lines: bool,
+        *,
+        max_message: int = DEFAULT_MAX_LINE_BYTES,
+    ) -> None:
         self.out = result
         self.block_size = block_size
         self.json_lines = json_lines
+        self.max_message = max_message
         self.current: TgiEvent | None = None
-        self.inputs: dict[tuple[str, str | None], deque[str]] = {}
+        #: ``Input:`` events not joined yet, per handler and parameters: (time, text, line)
+        self.inputs: dict[tuple[str, str | None], list[tuple[float, str, bool]]] = {}
         self._params_cache: dict[str, dict[str, Any]] = {}
         self._hasher = PrefixHasher(block_size)
 
@@ -239,31 +276,57 @@ class TgiChunkParser:
             line = ANSI.sub("", line)
         start = EVENT_START.match(line)
         if start is None:
-            if self.current is not None:
-                self.current.continuation.append(line.removesuffix("\r"))
-            elif line.strip():
-                self.out.rejects.add(self._reason(line), line_no, line)
-            else:
-                self.out.ignored["blank line"] += 1
-            return
+            return self._stray_line(line, line_no)
         self._flush()
         rest = line[start.end() :].removesuffix("\r")
         fast = _FAST_SPAN.match(rest)
         if fast is not None:
             spans = _fast_spans(fast)
-            self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
-                                    fast.group("target"), rest[fast.end() :], line_no)  # fmt: skip
-            return
+            self._start_event(start, spans, fast.group("target"), rest[fast.end() :], line_no)
+            return None
         spans, pos = parse_spans(rest)
         target = _TARGET.match(rest, pos)
         if target is None and spans:  # a target without '::' was read as a span name
             target = _TARGET.search(rest, pos - len(spans[-1][0]) - 2)
             spans = spans[:-1]
-        if target is None:
+        if target is not None:
+            self._start_event(start, spans, target.group("target"), rest[target.end() :], line_no)
+        elif _LAUNCHER.match(rest) and not rest.startswith("text_generation_router"):
             self.out.ignored["launcher or other line"] += 1
+        else:  # a router event always names its file: this one was cut or mangled
+            self.out.rejects.add("malformed TGI event line", line_no, line)
+        return None
+
+    def _start_event(
+        self, start: re.Match[str], spans: list[tuple[str, dict[str, str]]], target: str,
+        message: str, line_no: int,
+    ) -> None:  # fmt: skip
+        if len(message) < 7 and "Success".startswith(message):
+            self.out.rejects.add("cut-off line", line_no, message)  # "Succ": cut short
             return
-        self.current = TgiEvent(start.group("ts"), start.group("level"), spans,
-                                target.group("target"), rest[target.end() :], line_no)  # fmt: skip
+        self.current = TgiEvent(start.group("ts"), start.group("level"), spans, target,
+                                message, line_no, size=len(message))  # fmt: skip
+
+    def _stray_line(self, line: str, line_no: int) -> None:
+        """A line without a timestamp: the next line of a multi-line message, or garbage that
+        costs itself only (counted once, the event before it untouched)."""
+        event = self.current
+        if event is not None and event.takes_continuation() and "\ufffd" not in line:
+            event.size += len(line) + 1
+            if event.size <= self.max_message:
+                event.continuation.append(line.removesuffix("\r"))
+                return
+            # over the cap: the whole message is rejected, line by line, and not held
+            event.overflow = True
+            self.out.rejects.add("message too long", event.line, event.message,
+                                 n=1 + len(event.continuation))  # fmt: skip
+            event.continuation.clear()
+        if event is not None and event.overflow:
+            self.out.rejects.add("message too long", line_no, line)
+        elif not line.strip():
+            self.out.rejects.add(BLANK, line_no, line)
+        else:
+            self.out.rejects.add(self._reason(line), line_no, line)
 
     @staticmethod
     def _reason(line: str) -> str:
@@ -273,7 +336,7 @@ class TgiChunkParser:
 
     def _json_line(self, line: str, line_no: int) -> None:
         if not line.strip():
-            self.out.ignored["blank line"] += 1
+            self.out.rejects.add(BLANK, line_no, line)
             return
         try:
             obj = json.loads(line)
@@ -307,7 +370,8 @@ class TgiChunkParser:
     def _flush(self) -> None:
         if self.current is not None:
             event, self.current = self.current, None
-            self._event(event)
+            if not event.overflow:
+                self._event(event)
 
     def _event(self, event: TgiEvent) -> None:
         message = event.text()
@@ -327,16 +391,22 @@ class TgiChunkParser:
         for name, fields in event.spans:
             if name in ENDPOINTS and handler is None:
                 handler = name
-            if name == "HTTP request" and "http.route" in fields:
-                merged["_route"] = fields["http.route"]
+            if name == "HTTP request":  # TGI <= 1.0: the request's route and trace id
+                if "http.route" in fields:
+                    merged["_route"] = fields["http.route"]
+                if _TRACE_ID.fullmatch(fields.get("trace_id", "")):
+                    merged["_trace_id"] = fields["trace_id"]
             merged.update(fields)
         return handler, merged
 
     def _input(self, event: TgiEvent, text: str) -> None:
         handler, fields = self._handler(event)
         key = (handler or "", fields.get("parameters"))
-        self.inputs.setdefault(key, deque()).append(text)
-        self.out.ignored["input debug line (joined)"] += 1
+        at = _seconds(event.ts)
+        if at is None:
+            self.out.ignored["input debug line (no time)"] += 1
+            return
+        self.inputs.setdefault(key, []).append((at, text, self._streaming(event)))
 
     def _success(self, event: TgiEvent) -> None:
         handler, fields = self._handler(event)
@@ -349,9 +419,12 @@ class TgiChunkParser:
         per_token = duration_s(fields.get("time_per_token"))
         if inference is not None and per_token:
             record["output_tokens"] = round(inference / per_token)
-        queue = self.inputs.get((handler or "", fields.get("parameters")))
-        if queue:
-            self._set_prompt(record, queue.popleft(), streaming=self._streaming(event))
+        pending = self.inputs.get((handler or "", fields.get("parameters")))
+        if pending and total is not None:
+            joined = _closest_input(pending, _seconds(event.ts), total)
+            if joined is not None:
+                self.out.ignored["input debug line (joined)"] += 1
+                self._set_prompt(record, joined[1], streaming=joined[2] or self._streaming(event))
         self.out.heads.append(record)
 
     def _error(self, event: TgiEvent, message: str) -> None:
@@ -368,13 +441,15 @@ class TgiChunkParser:
         handler, fields = self._handler(event)
         record = self._base(event, handler, fields, status)
         record["_ts_minus_s"] = 0.0
+        if status == "rejected":
+            record.update(given_counts(message))
         self.out.heads.append(record)
 
     def _base(
         self, event: TgiEvent, handler: str | None, fields: dict[str, str], status: str
     ) -> dict[str, Any]:
-        record: dict[str, Any] = {"ts": event.ts, "request_id": None, "status": status,
-                                  "_line": event.line}  # fmt: skip
+        record: dict[str, Any] = {"ts": event.ts, "request_id": fields.get("_trace_id"),
+                                  "status": status, "_line": event.line}  # fmt: skip
         record["endpoint"] = fields.get("_route") or ENDPOINTS.get(handler or "")
         params_text = fields.get("parameters")
         request = fields.get("request")
@@ -387,7 +462,7 @@ class TgiChunkParser:
             self._params(record, params_text)
         seed = rust_option(fields.get("seed"))
         if seed is not None:
-            record["seed"] = seed_int64(seed)
+            record["seed"] = seed_u64(seed)
         return record
 
     def _params(self, record: dict[str, Any], text: str) -> None:
@@ -413,6 +488,44 @@ class TgiChunkParser:
         record["prefix_hashes"] = hashes[:-1] if cut else hashes
 
     def finish(self) -> ChunkResult:
-        """Flush the last event; unjoined ``Input:`` events stay counted as joined lines."""
+        """Flush the last event; count the ``Input:`` events no ``Success`` took."""
         self._flush()
+        left = sum(len(pending) for pending in self.inputs.values())
+        if left:
+            self.out.ignored["input debug line (no Success near its time)"] += left
         return self.out
+
+
+def _seconds(ts: str) -> float | None:
+    """An RFC 3339 timestamp as Unix seconds (``None`` when unreadable)."""
+    try:
+        return datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+
+
+def _closest_input(
+    pending: list[tuple[float, str, bool]], success_at: float | None, total_s: float
+) -> tuple[float, str, bool] | None:
+    """Take the pending ``Input:`` logged closest to the request's arrival (the ``Success``
+    time minus ``total_time``), within :data:`INPUT_JOIN_S`; concurrent requests with the same
+    parameters interleave, so first-in-first-out joins the wrong ones."""
+    if success_at is None:
+        return None
+    arrival = success_at - total_s
+    best = min(range(len(pending)), key=lambda i: abs(pending[i][0] - arrival))
+    if abs(pending[best][0] - arrival) > INPUT_JOIN_S:
+        return None
+    return pending.pop(best)
+
+
+def given_counts(message: str) -> dict[str, int]:
+    """The prompt length (and requested ``max_new_tokens``) a validation error prints."""
+    found = _GIVEN_TOTAL.match(message)
+    if found is not None:
+        return {"prompt_tokens": int(found.group(1)), "max_tokens": int(found.group(2))}
+    found = _GIVEN_INPUT.match(message)
+    if found is not None:
+        return {"prompt_tokens": int(found.group(1))}
+    found = _GIVEN_MAX_NEW.match(message)
+    return {"max_tokens": int(found.group(1))} if found is not None else {}

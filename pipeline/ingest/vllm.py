@@ -20,8 +20,14 @@ from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     python_str_at,
 )
-from pipeline.ingest.vllm_fields import endpoint_of, sampling_fields, stats_values, v0_prefix_rates
-from pipeline.prefix import block_hashes_from_ids
+from pipeline.ingest.vllm_fields import (
+    endpoint_of,
+    sampling_fields,
+    stats_values,
+    v0_prefix_rates,
+    whole_stats,
+)
+from pipeline.prefix import block_hashes_from_ids, count_tokens
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAG = re.compile(r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\) ")
@@ -57,8 +63,51 @@ _TAIL_KEYS = (
     ", prompt token ids: ",
 )
 _FINISHED_OK = ("stop", "length", "tool_calls", "streaming_complete", "abort")
+#: finish reasons vLLM prints (FinishReason, OpenAI's tool_calls, the streaming markers); a
+#: line ending in anything else was cut
+FINISH_REASONS = frozenset(
+    ("stop", "length", "abort", "error", "repetition", "tool_calls", "None", "streaming_complete")
+)
+#: starts of the messages that carry data: a message that is a proper start of one of them
+#: (the empty message included) is a line cut short, not some other logger's line
+_DATA_KEYWORDS = (
+    "Received request ", "Request ", "Added request ", "Aborted request", "Finished request ",
+    "Generated response ", "Avg prompt throughput", "Engine ", "Prefix cache hit rate: GPU",
+)  # fmt: skip
+BLANK = "blank line"
+CUT_OFF = "cut-off line"
 #: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
 _HASH_CACHE_SIZE = 4096
+
+
+def _cut_keyword(msg: str) -> bool:
+    """A message that stops inside a data message's first words (or an empty one: nothing
+    after the envelope) is a line cut short."""
+    return any(len(msg) < len(key) and key.startswith(msg) for key in _DATA_KEYWORDS)
+
+
+def _whole_value(value: str) -> bool:
+    """``None``, or a printed list / call whose brackets close (``[1, 2]``, ``X(a=[1])``)."""
+    if value == "None":
+        return True
+    if not value.endswith(("]", ")")):
+        return False
+    return value.count("[") == value.count("]") and value.count("(") == value.count(")")
+
+
+def cut_looking(prompt: str, ids: int) -> bool:
+    """Whether a prompt of ``ids`` characters printed with ``ids`` token ids looks cut by
+    ``--max-log-len`` (both cut to the same N): its text holds far fewer tokens than that.
+
+    A whole prompt has about one token per pseudo-token (at most one per non-ASCII character
+    more, for scripts a tokenizer splits finely), plus a few special tokens; a cut one has one
+    token per *character*. Asking for twice the generous estimate plus four keeps short whole
+    prompts (``'Hi'``: two ids with BOS) from passing for cut ones.
+    """
+    if ids == 0:
+        return False
+    estimate = count_tokens(prompt) + sum(1 for char in prompt if ord(char) > 127)
+    return ids >= 2 * estimate + 4
 
 
 def _strip_ansi(line: str) -> str:
@@ -143,7 +192,7 @@ class VllmChunkParser:
 
     def _other(self, line: str, start: int, line_no: int) -> None:
         if not line[start:].strip():
-            self.out.ignored["blank line"] += 1
+            self.out.rejects.add(BLANK, line_no, line)
             return
         access = _UVICORN.match(line, start)
         if access is not None:
@@ -172,7 +221,7 @@ class VllmChunkParser:
                 return self._request_line(msg, ts, line_no)
         elif first == "A":
             if msg.startswith("Added request "):
-                return self._touch(self._engine_id(msg[14:].rstrip(".")), ts, line_no)
+                return self._added(msg, ts, line_no)
             if msg.startswith("Aborted request"):
                 return self._aborted(msg, ts, line_no)
             if msg.startswith("Avg prompt throughput"):
@@ -180,13 +229,16 @@ class VllmChunkParser:
         elif first == "G" and msg.startswith("Generated response "):
             return self._generated(msg, ts, line_no)
         elif first == "F" and msg.startswith("Finished request "):
-            return self._set_status(self._engine_id(msg[17:].rstrip(".")), "ok", ts, line_no)
+            return self._finished(msg, ts, line_no)
         elif first == "E" and msg.startswith("Engine "):
             return self._engine_stats(msg, ts)
         elif first == "P" and msg.startswith("Prefix cache hit rate: GPU"):
             return self._v0_prefix_rate(msg, ts)
         elif first.isdigit() and " Engines Aggregated: " in msg:
             return self._engine_stats(msg, ts)
+        if _cut_keyword(msg):
+            self.out.rejects.add(CUT_OFF, line_no, msg)
+            return None
         kind = "error line" if level in ("ERROR", "CRITICAL") else "other vLLM line"
         self.out.ignored[kind] += 1
         return None
@@ -221,6 +273,14 @@ class VllmChunkParser:
             self.out.rejects.add("malformed Received request line", line_no, msg)
             return
         request_id = msg[17:colon]
+        fields: dict[str, Any] = {}
+        try:  # read every field before touching the joins: a bad line changes nothing
+            self._received_fields(fields, msg, colon + 2, len(msg) - 1)
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            self.out.rejects.add(
+                f"malformed Received request line: {type(exc).__name__}", line_no, msg
+            )
+            return
         earlier = self.requests.get(request_id)
         if earlier is not None and (earlier["_head"] or earlier.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
@@ -231,36 +291,37 @@ class VllmChunkParser:
         record.update(ts=ts, _line=line_no, _head=True)
         record.setdefault("status", "received")
         record["endpoint"] = endpoint_of(request_id)
-        try:
-            self._received_fields(record, msg, colon + 2, len(msg) - 1)
-        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
-            record["_head"] = False
-            self.out.rejects.add(
-                f"malformed Received request line: {type(exc).__name__}", line_no, msg
-            )
+        ids = fields.pop("_ids", None)
+        if "prompt" in fields:
+            self._set_prompt(record, fields.pop("prompt"))
+        record.update(fields)
+        self._set_ids(record, ids)
 
     def _received_fields(self, record: dict[str, Any], msg: str, start: int, end: int) -> None:
-        """Fields of ``msg[start:end]``, read in place (a line is a few kB: no copies of it)."""
+        """Fields of ``msg[start:end]``, read in place (a line is a few kB: no copies of it);
+        raises ``ValueError`` unless the line is whole (a cut line ends inside a value)."""
         tail: dict[str, str] = {}
         for key in _TAIL_KEYS:
             cut = msg.rfind(key, start, end)
             if cut >= 0:
                 tail[key[2:-2]] = msg[cut + len(key) : end]
                 end = cut
+        if not tail or not all(map(_whole_value, tail.values())):
+            raise ValueError("no whole lora_request / prompt_token_ids part")
         if msg.startswith("prompt: ", start, end):
             found = python_str_at(msg, start + 8, end)
             if found is None:
                 raise ValueError("prompt is not a string literal")
-            prompt, start = found
-            self._set_prompt(record, prompt)
+            record["prompt"], start = found
         params = _PARAMS.search(msg, start, end)
         if params is None:
             raise ValueError("no params")
         close = msg.rfind(")", start, end)
-        body = msg[params.end() : close if close >= 0 else end - 1]
+        if close < 0:
+            raise ValueError("params are not closed")
+        body = msg[params.end() : close]
         self._sampling(record, params.group("kind"), body)
-        ids = tail.get("prompt_token_ids") or tail.get("prompt token ids")
-        self._set_ids(record, ids)
+        record["_ids"] = tail.get("prompt_token_ids") or tail.get("prompt token ids")
         lora = tail.get("lora_request")
         if lora and lora != "None":
             name = _LORA_NAME.search(lora)
@@ -270,6 +331,8 @@ class VllmChunkParser:
         record["prompt"] = prompt
         if prompt is None:
             return
+        if len(prompt) > self.out.longest_prompt:
+            self.out.longest_prompt = len(prompt)
         hashes = self._hash_cache.get(prompt)
         if hashes is None:
             hashes = self._hasher.hashes(prompt)
@@ -284,8 +347,10 @@ class VllmChunkParser:
         body = ids[1 : ids.rfind("]")].strip()
         count = body.count(",") + 1 if body else 0
         record["_ids_len"] = count
+        if count > self.out.longest_ids:
+            self.out.longest_ids = count
         prompt = record.get("prompt")
-        if prompt is not None and len(prompt) == count and count:
+        if prompt is not None and len(prompt) == count and cut_looking(prompt, count):
             self.out.cap_evidence[count] += 1
         if record.get("prefix_hashes") is None and count >= self.block_size:
             record["prefix_hashes"] = block_hashes_from_ids(
@@ -294,7 +359,6 @@ class VllmChunkParser:
 
     def _sampling(self, record: dict[str, Any], kind: str, body: str) -> None:
         if kind != "SamplingParams":
-            record["_params_kind"] = kind
             return
         fields = self._params_cache.get(body)
         if fields is None:
@@ -306,6 +370,9 @@ class VllmChunkParser:
     def _request_line(self, msg: str, ts: str, line_no: int) -> None:
         """``Request <id> details: ...`` (DEBUG prompt) and ``Request <id> aborted./failed``."""
         space = msg.find(" ", 8)
+        if space < 0 or not msg.endswith("."):
+            self.out.rejects.add(CUT_OFF, line_no, msg)
+            return None
         request_id, rest = msg[8:space], msg[space + 1 :]
         if rest.startswith("details: prompt: "):
             return self._details(request_id, rest[17:], ts, line_no)
@@ -318,24 +385,44 @@ class VllmChunkParser:
         return None
 
     def _details(self, request_id: str, rest: str, ts: str, line_no: int) -> None:
-        record = self._record(request_id, ts, line_no)
         try:
             found = python_str_at(rest, 0)
             if found is None:
                 raise ValueError("prompt is not a string literal")
-            self._set_prompt(record, found[0])
             ids_at = rest.rfind(", prompt_token_ids: ")
             embeds_at = rest.rfind(", prompt_embeds shape: ")
+            ids = None
             if ids_at >= 0:
-                stop = embeds_at if embeds_at > ids_at else len(rest)
-                self._set_ids(record, rest[ids_at + 20 : stop])
+                stop = embeds_at if embeds_at > ids_at else len(rest) - 1
+                ids = rest[ids_at + 20 : stop]
+            if ids is None or not _whole_value(ids) or found[1] > ids_at:
+                raise ValueError("no whole prompt_token_ids part")
         except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
             self.out.rejects.add(
                 f"malformed Request details line: {type(exc).__name__}", line_no, rest
             )
+            return
+        record = self._record(request_id, ts, line_no)
+        self._set_prompt(record, found[0])
+        self._set_ids(record, ids)
+
+    def _added(self, msg: str, ts: str, line_no: int) -> None:
+        if not msg.endswith(".") or len(msg) < 16:
+            self.out.rejects.add(CUT_OFF, line_no, msg)
+            return
+        self._touch(self._engine_id(msg[14:-1]), ts, line_no)
+
+    def _finished(self, msg: str, ts: str, line_no: int) -> None:
+        if not msg.endswith(".") or len(msg) < 19:
+            self.out.rejects.add(CUT_OFF, line_no, msg)
+            return
+        self._set_status(self._engine_id(msg[17:-1]), "ok", ts, line_no)
 
     def _aborted(self, msg: str, ts: str, line_no: int) -> None:
-        ids = msg.split(" ", 2)[-1].rstrip(".")
+        if not msg.endswith("."):
+            self.out.rejects.add(CUT_OFF, line_no, msg)
+            return
+        ids = msg.split(" ", 2)[-1][:-1]
         for request_id in ids.split(","):
             if request_id:
                 self._set_status(self._engine_id(request_id.strip()), "aborted", ts, line_no)
@@ -347,29 +434,35 @@ class VllmChunkParser:
                 return self._generated_details(msg, ts, line_no)
             self.out.rejects.add("malformed Generated response line", line_no, msg)
             return None
-        head = msg[19:colon]
-        request_id, _, mode = head.partition(" ")
-        record = self._record(request_id, ts, line_no)
         reason_at = msg.rfind(", finish_reason: ")
         ids_at = msg.rfind(", output_token_ids: ", 0, reason_at if reason_at >= 0 else None)
         reason = msg[reason_at + 17 :] if reason_at >= 0 else None
         ids = msg[ids_at + 20 : reason_at] if ids_at >= 0 and reason_at >= 0 else None
+        if reason not in FINISH_REASONS or (ids is not None and not _whole_value(ids)):
+            self.out.rejects.add("malformed Generated response line", line_no, msg)
+            return None
+        request_id, _, mode = msg[19:colon].partition(" ")
+        record = self._record(request_id, ts, line_no)
         self._count_output(record, mode, ids)
         if reason in _FINISHED_OK and reason != "abort":
             self._set_status(record["request_id"], "ok", ts, line_no)
         return None
 
     def _generated_details(self, msg: str, ts: str, line_no: int) -> None:
-        request_id, _, mode = msg[19 : msg.find(" details: ")].partition(" ")
         ids = msg[msg.find(" details: output_token_ids: ") + 28 :]
+        if not _whole_value(ids) or ids == "None":
+            self.out.rejects.add("malformed Generated response line", line_no, msg)
+            return
+        request_id, _, mode = msg[19 : msg.find(" details: ")].partition(" ")
         self._count_output(self._record(request_id, ts, line_no), mode, ids)
 
-    @staticmethod
-    def _count_output(record: dict[str, Any], mode: str, ids: str | None) -> None:
+    def _count_output(self, record: dict[str, Any], mode: str, ids: str | None) -> None:
         if ids is None or not ids.startswith("["):
             return
         body = ids[1 : ids.rfind("]")].strip()
         count = body.count(",") + 1 if body else 0
+        if count > self.out.longest_ids:  # --max-log-len cuts output ids too
+            self.out.longest_ids = count
         if mode == "(streaming delta)":
             record["_delta_tokens"] = record.get("_delta_tokens", 0) + count
         else:
@@ -404,6 +497,9 @@ class VllmChunkParser:
             self.out.ignored["other vLLM line"] += 1
 
     def _stats(self, msg: str, ts: str, engine: str | None) -> None:
+        if not whole_stats(msg):
+            self.out.rejects.add("malformed stats line", self.line_no, msg)
+            return
         row: dict[str, Any] = {"ts": ts, "source": "vllm", "instance": self._instance(engine),
                                "_line": self.line_no}  # fmt: skip
         row.update(stats_values(msg))
@@ -434,7 +530,6 @@ class VllmChunkParser:
             if delta is not None and record.get("output_tokens") is None:
                 record["output_tokens"] = delta
             if record.pop("_head"):
-                record.pop("_params_kind", None)
                 self.out.heads.append(record)
             else:
                 self.out.tails[record["request_id"]] = record

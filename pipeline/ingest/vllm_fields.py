@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pipeline.ingest.reprs import as_float, as_int, key_values, params_hash, seed_int64
+from pipeline.ingest.reprs import as_float, as_int, key_values, params_hash, seed_u64
 
 _STAT = re.compile(r"([A-Za-z][A-Za-z ]*?): (-?\d+(?:\.\d+)?)")
 _V0_PREFIX_RATE = re.compile(r"GPU: (-?[\d.]+)%, CPU: (-?[\d.]+)%")
@@ -49,7 +49,7 @@ def sampling_fields(body: str) -> dict[str, Any]:
         "top_p": as_float(values.get("top_p")),
         "top_k": as_int(values.get("top_k")),
         "max_tokens": as_int(values.get("max_tokens")),
-        "seed": seed_int64(values.get("seed")),
+        "seed": seed_u64(values.get("seed")),
         "params_hash": params_hash(values),
     }
 
@@ -62,6 +62,22 @@ def stats_values(msg: str) -> dict[str, float]:
         if column is not None:
             row[column[0]] = float(value) * column[1]
     return row
+
+
+_STAT_PART = re.compile(r"[A-Za-z][A-Za-z ]*: -?\d+(?:\.\d+)?(?: tokens/s| reqs|%)?")
+
+
+def whole_stats(msg: str) -> bool:
+    """Whether a stats message is whole: every ``, ``-separated part a ``label: number[unit]``
+    and the line ends where vLLM ends it (a percentage, ``%.`` in V0, or ``reqs``); a line cut
+    inside a part fails."""
+    body = msg[:-1] if msg.endswith("%.") else msg
+    if not body.endswith(("%", " reqs", " reqs ")):
+        return False
+    return all(
+        _STAT_PART.fullmatch(part)
+        for part in body.rstrip().replace(" reqs GPU", " reqs, GPU").split(", ")
+    )
 
 
 def v0_prefix_rates(msg: str) -> dict[str, float] | None:
