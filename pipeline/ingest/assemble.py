@@ -118,6 +118,10 @@ def apply_tails(frame: pd.DataFrame, tails: dict[str, dict[str, Any]]) -> set[st
         for column in _TAIL_COPY:
             if tail.get(column) is not None and _missing(frame.at[index, column]):
                 frame.at[index, column] = tail[column]
+        delta = tail.get("_delta_tokens")
+        if delta is not None and tail.get("output_tokens") is None:
+            before = frame.at[index, "output_tokens"]
+            frame.at[index, "output_tokens"] = delta + (0 if _missing(before) else before)
     return used
 
 
@@ -182,7 +186,12 @@ def orphan_records(tails: dict[str, dict[str, Any]], skip: set[str]) -> list[dic
     """Tails that joined no head: requests whose defining line is not in this file or run."""
     rows = []
     for tail_id, tail in tails.items():
-        if tail_id in skip or ENGINE_SUFFIX.sub("", tail_id) in skip:
+        base = tail_id.split("\x00", 1)[0]
+        if base in skip or ENGINE_SUFFIX.sub("", base) in skip:
             continue
-        rows.append({**tail, "request_id": tail_id})
+        row = {**tail, "request_id": base}
+        delta = row.pop("_delta_tokens", None)
+        if delta is not None and row.get("output_tokens") is None:
+            row["output_tokens"] = delta
+        rows.append(row)
     return rows

@@ -101,6 +101,8 @@ class ChunkResult:
     last_ts: str | None = None
     #: ServeGen series are aggregates, not requests: counts-shape rows
     counts: list[dict[str, Any]] = field(default_factory=list)
+    #: request ids of the heads (tails of later pieces join the latest head with their id)
+    head_ids: list[str] = field(default_factory=list)
     #: where this piece's heads and metrics parts were written (``<part>.heads.parquet`` ...)
     part: str = ""
 

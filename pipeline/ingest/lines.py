@@ -131,6 +131,7 @@ class LineReader:
         first_line: int = 1,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         partial_tail: bool = True,
+        block_bytes: int = BLOCK_BYTES,
     ) -> None:
         self.path = Path(path)
         self.rejects = rejects
@@ -138,6 +139,7 @@ class LineReader:
         self.first_line = first_line
         self.max_line_bytes = max_line_bytes
         self.partial_tail = partial_tail
+        self.block_bytes = block_bytes
         self.offset = start
         self.lines = 0
         self.repaired = 0
@@ -146,7 +148,7 @@ class LineReader:
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
         # A block never exceeds the line cap, so a line inside one block is within the cap.
-        size = min(BLOCK_BYTES, self.max_line_bytes)
+        size = min(self.block_bytes, self.max_line_bytes)
         with open(self.path, "rb") as raw:
             if self.gzip:  # offsets count decompressed bytes
                 yield from self._blocks(_skip(gunzip_blocks(raw, size), self.start))

@@ -18,7 +18,7 @@ import pandas as pd
 from pipeline.ingest import traces
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
 from pipeline.ingest.detect import LOG_FORMATS
-from pipeline.ingest.lines import LineReader, is_gzip
+from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import EVENT_START, TgiChunkParser
@@ -122,6 +122,7 @@ def parse_pieces(
     reader = LineReader(
         spec.path, Rejects(spec.path), start=spec.start, end=spec.end,
         max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
+        block_bytes=min(BLOCK_BYTES, options.chunk_bytes),
     )  # fmt: skip
     piece = _Piece(spec, options, reader, lines_before=0, bytes_before=0)
     for first, lines in reader:
@@ -158,6 +159,7 @@ class _Piece:
         chunk's start, so reject samples are renumbered from the piece's)."""
         self.parser.finish()
         result, reader = self.result, self.reader
+        result.head_ids = [h["request_id"] for h in result.heads if h.get("request_id")]
         result.lines = lines_seen - self.lines_before
         result.rejects.renumber(-self.lines_before)
         self.bytes_end = reader.bytes_read
@@ -180,6 +182,7 @@ def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
     for piece in pieces[1:]:
         merged.rejects.merge(piece.rejects, merged.lines)
         merged.heads.extend(piece.heads)
+        merged.head_ids.extend(piece.head_ids)
         merged.tails.update(piece.tails)
         merged.metrics.extend(piece.metrics)
         merged.ignored.update(piece.ignored)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pandas as pd
 import pyarrow as pa
@@ -257,9 +257,24 @@ class FileAssembly:
     ) -> Iterator[PartJob]:
         """One job per chunk, made when submitted (each carries the tails of later chunks)."""
         for i, chunk in enumerate(self.chunks):
-            later = {k: v for c in self.chunks[i + 1 :] for k, v in c.tails.items()}
+            later = self._tails_after(i)
             part = self._part(i, "heads")
             yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window, as_table)
+
+    def _tails_after(self, index: int) -> dict[str, dict[str, Any]]:
+        """What later pieces said of requests that may have their head in piece ``index``:
+        a tail belongs to the latest head with its id before it, so a later piece's tail is
+        skipped once a piece in between holds a head with that id (an id reused by the
+        client, or a log that repeats itself)."""
+        later: dict[str, dict[str, Any]] = {}
+        claimed: set[str] = set()
+        for piece in self.chunks[index + 1 :]:
+            for key, tail in piece.tails.items():
+                base = key.split("\x00", 1)[0]  # an outcome seen before the id was reused
+                if base not in claimed and base not in later:
+                    later[base] = tail
+            claimed.update(piece.head_ids)
+        return later
 
     def _part(self, index: int, kind: str) -> str:
         return f"{self.chunks[index].part}.{kind}.parquet"

@@ -526,12 +526,12 @@ class VllmChunkParser:
     def finish(self) -> ChunkResult:
         """Split joined requests into heads (defining line seen here) and tails."""
         for record in self.requests.values():
-            delta = record.pop("_delta_tokens", None)
-            if delta is not None and record.get("output_tokens") is None:
-                record["output_tokens"] = delta
             if record.pop("_head"):
+                delta = record.pop("_delta_tokens", None)
+                if delta is not None and record.get("output_tokens") is None:
+                    record["output_tokens"] = delta
                 self.out.heads.append(record)
-            else:
+            else:  # streaming deltas stay a count to add: the head's chunk has the first ones
                 self.out.tails[record["request_id"]] = record
         self.out.heads.sort(key=lambda r: r["_line"])
         return self.out

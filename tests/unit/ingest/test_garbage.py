@@ -143,8 +143,10 @@ def test_line_reader_loses_nothing_within_the_cap(data, cap):
 def test_trace_readers_count_every_bad_row(lines):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "chunk-3-trace.csv"
-        path.write_text("\n".join(line.replace("\n", " ") for line in lines) + "\n")
-        nonblank = sum(1 for line in lines if line.replace("\n", " ").strip())
+        path.write_text(
+            "\n".join(line.replace("\n", " ").replace("\r", " ") for line in lines) + "\n"
+        )
+        nonblank = sum(1 for line in lines if line.replace("\n", " ").replace("\r", " ").strip())
         for read in (mooncake_rows, jsonl_rows, azure_rows, servegen_rows):
             rejects = Rejects(str(path))
             rows = read(path, rejects)  # type: ignore[operator]
