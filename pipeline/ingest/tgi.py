@@ -291,7 +291,7 @@ class TgiChunkParser:
             spans = spans[:-1]
         if target is not None:
             self._start_event(start, spans, target.group("target"), rest[target.end() :], line_no)
-        elif _LAUNCHER.match(rest) and not rest.startswith("text_generation_router"):
+        elif _LAUNCHER.match(rest) and not _router_line(rest):
             self.out.ignored["launcher or other line"] += 1
         else:  # a router event always names its file: this one was cut or mangled
             self.out.rejects.add("malformed TGI event line", line_no, line)
@@ -494,6 +494,15 @@ class TgiChunkParser:
         if left:
             self.out.ignored["input debug line (no Success near its time)"] += left
         return self.out
+
+
+def _router_line(rest: str) -> bool:
+    """Whether an event comes from the router (its handler spans or target), which always
+    prints ``file.rs:line``: without them the line was cut."""
+    name = re.match(r"[\w ]+", rest)
+    return "text_generation_router" in rest or (
+        name is not None and (name.group() in ENDPOINTS or name.group() == "HTTP request")
+    )
 
 
 def _seconds(ts: str) -> float | None:

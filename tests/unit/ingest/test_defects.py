@@ -137,10 +137,10 @@ def test_tgi_v1_trace_id_is_the_request_id():
 
 
 def _json_event(ts: str, message: str, span: dict[str, str], level: str = "INFO") -> str:
-    return json.dumps({"timestamp": ts, "level": level, "message": message,
-                       "target": "text_generation_router::server",
-                       "filename": "router/src/server.rs", "line_number": 432,
-                       "span": {**span, "name": "generate"}, "spans": [{**span, "name": "generate"}]})  # fmt: skip
+    event = {"timestamp": ts, "level": level, "message": message,
+             "target": "text_generation_router::server", "filename": "router/src/server.rs",
+             "line_number": 432, "span": {**span, "name": "generate"}}  # fmt: skip
+    return json.dumps({**event, "spans": [event["span"]]})
 
 
 def test_interleaved_debug_inputs_join_the_success_of_their_request(tmp_path):
