@@ -14,14 +14,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.ingest import assemble
+from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.sinks import records_table
 from pipeline.windows import item_window_counts
@@ -35,14 +36,14 @@ Done = TypeVar("Done")
 
 @dataclass(frozen=True)
 class PartJob:
-    """One chunk's heads part and the file-wide facts needed to finish it."""
+    """One piece's heads part and the file-wide facts needed to finish it."""
 
     part: str
     tails: dict[str, dict[str, Any]]
     chunk: ChunkResult
-    base: int
-    source: str
-    cap: int | None
+    index: int
+    format: str
+    facts: FileFacts
     options: IngestOptions
     window: str
     #: hand the records back as an Arrow table (for a Parquet sink): converted here, in
@@ -81,14 +82,10 @@ def finish_part(job: PartJob) -> FinishedPart:
     done = FinishedPart(assemble.apply_tails(frame, job.tails))
     if frame.empty:
         return done
-    if job.source == "vllm":
-        frame["ts"] = assemble.resolve_vllm_ts(
-            frame["ts"], frame["_line"], job.chunk, job.base, job.options.tz
-        )
-    else:
-        frame["ts"] = assemble.resolve_tgi_ts(frame)
+    log_format = cast(LogFormat, formats.get(job.format))
+    frame["ts"] = log_format.resolve_ts(frame, job.chunk, job.facts, job.index, job.options)
     done.recent_ids = frame["request_id"].dropna().tolist()[-RECENT_IDS:]
-    records = assemble.finalize_log_records(frame, job.source, job.cap, job.options)
+    records = log_format.finalize(frame, job.facts, job.options)
     del frame  # the heads and the records of a chunk are never both needed past this point
     done.rows = len(records)
     if not records.empty:

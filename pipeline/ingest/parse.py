@@ -1,35 +1,30 @@
 """Cutting a file into chunks at line boundaries, and parsing one chunk.
 
-A chunk is a byte range ``[start, end)`` of a plain file that begins at the start of a line
-(for TGI text: at the start of an event, so a multi-line message is never split). ``.gz``
-files and traces are one chunk each.
+A chunk is a byte range ``[start, end)`` of a plain log file that begins where its format
+says a record may start (TGI text: an event, so a multi-line message is never split).
+``.gz`` files and traces are one chunk each; a chunk is parsed in pieces of bounded size.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 
-from pipeline.ingest import traces
+from pipeline.ingest import formats
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
-from pipeline.ingest.detect import LOG_FORMATS
+from pipeline.ingest.formats import InputFormat, LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
-from pipeline.ingest.tgi import EVENT_START, TgiChunkParser
-from pipeline.ingest.vllm import ANSI, VllmChunkParser
 from pipeline.records import RECORD_DTYPES
-
-ChunkParser = VllmChunkParser | TgiChunkParser
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
-_ANSI_START = re.compile(rb"^(?:\x1b\[[0-9;]*m)*\d{4}-\d\d-\d\dT")
 
 
 @dataclass(frozen=True)
@@ -43,23 +38,7 @@ class ChunkSpec:
     index: int = 0
 
 
-def _event_start_text(fmt: str, line: str) -> bool:
-    """Whether a decoded line may start a chunk of ``fmt`` (TGI text: only an event)."""
-    if fmt != "tgi-text":
-        return True
-    return EVENT_START.match(ANSI.sub("", line) if "\x1b" in line else line) is not None
-
-
-def _event_start(fmt: str, line: bytes) -> bool:
-    if fmt != "tgi-text":
-        return True
-    if not _ANSI_START.match(line):
-        return False
-    text = ANSI.sub("", line.decode("utf-8", "replace"))
-    return EVENT_START.match(text) is not None
-
-
-def _next_boundary(path: Path, fmt: str, offset: int) -> int | None:
+def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None:
     """The first line (event) start at or after ``offset``; ``None`` if none close by."""
     with open(path, "rb") as handle:
         handle.seek(max(0, offset - 1))
@@ -68,7 +47,7 @@ def _next_boundary(path: Path, fmt: str, offset: int) -> int | None:
     while 0 <= pos < len(data) - 1:
         end = data.find(b"\n", pos + 1)
         line = data[pos + 1 : end if end >= 0 else len(data)]
-        if _event_start(fmt, line):
+        if log_format.starts_record(line.decode("utf-8", "replace")):
             return max(0, offset - 1) + pos + 1
         if end < 0:
             return None
@@ -80,12 +59,13 @@ def plan_chunks(path: str | Path, fmt: str, chunk_bytes: int, start: int = 0) ->
     """Chunks of ``path`` from byte ``start`` on, about ``chunk_bytes`` each."""
     path = Path(path)
     size = path.stat().st_size
-    if fmt not in LOG_FORMATS or is_gzip(path) or size - start <= chunk_bytes:
+    log_format = formats.get(fmt)
+    if not isinstance(log_format, LogFormat) or is_gzip(path) or size - start <= chunk_bytes:
         return [ChunkSpec(str(path), fmt, start, None)]
     cuts = [start]
     target = start + chunk_bytes
     while target < size:
-        cut = _next_boundary(path, fmt, target)
+        cut = _next_boundary(path, log_format, target)
         if cut is None or cut >= size:
             break
         if cut > cuts[-1]:
@@ -114,21 +94,21 @@ def parse_pieces(
     start, and no piece holds more than a chunk's records: memory stays bounded whatever the
     compression ratio.
     """
-    if spec.format not in LOG_FORMATS:
-        result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
-        result.rejects = Rejects(spec.path)
-        yield _parse_trace(spec, options, result)
+    log_format = formats.get(spec.format)
+    if not isinstance(log_format, LogFormat):
+        yield _parse_trace(spec, options, log_format)
         return
     reader = LineReader(
         spec.path, Rejects(spec.path), start=spec.start, end=spec.end,
         max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
         block_bytes=min(BLOCK_BYTES, options.chunk_bytes),
     )  # fmt: skip
-    piece = _Piece(spec, options, reader, lines_before=0, bytes_before=0)
+    piece = _Piece(spec, log_format, options, reader, lines_before=0, bytes_before=0)
     for first, lines in reader:
-        if piece.full() and _event_start_text(spec.format, lines[0]):
+        if piece.full() and log_format.starts_record(lines[0]):
             yield piece.close(reader.lines - len(lines))
-            piece = _Piece(spec, options, reader, reader.lines - len(lines), piece.bytes_end)
+            before = reader.lines - len(lines)
+            piece = _Piece(spec, log_format, options, reader, before, piece.bytes_end)
         piece.parser.feed(first, lines)
     yield piece.close(reader.lines, last=True)
 
@@ -139,6 +119,7 @@ class _Piece:
     def __init__(
         self,
         spec: ChunkSpec,
+        log_format: LogFormat,
         options: IngestOptions,
         reader: LineReader,
         lines_before: int,
@@ -149,7 +130,7 @@ class _Piece:
         self.reader, self.options = reader, options
         self.lines_before, self.bytes_before = lines_before, bytes_before
         self.bytes_end = bytes_before
-        self.parser = _parser(spec, options, self.result)
+        self.parser = log_format.parser(self.result, options, Path(spec.path).name)
 
     def full(self) -> bool:
         return self.reader.bytes_read - self.bytes_before >= self.options.chunk_bytes
@@ -166,14 +147,6 @@ class _Piece:
         result.bytes_read = self.bytes_end - self.bytes_before
         result.repaired, result.offset = reader.repaired, reader.offset
         return result
-
-
-def _parser(spec: ChunkSpec, options: IngestOptions, result: ChunkResult) -> ChunkParser:
-    if spec.format == "vllm":
-        return VllmChunkParser(result, options.block_size, Path(spec.path).name)
-    return TgiChunkParser(
-        result, options.block_size, spec.format == "tgi-json", max_message=options.max_line_bytes
-    )
 
 
 def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
@@ -196,21 +169,14 @@ def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
     return merged
 
 
-def _parse_trace(spec: ChunkSpec, options: IngestOptions, result: ChunkResult) -> ChunkResult:
-    path, rejects = Path(spec.path), result.rejects
-    epoch = pd.Timestamp(options.trace_epoch) if options.trace_epoch else traces.TRACE_EPOCH
-    if epoch.tzinfo is None:
-        epoch = epoch.tz_localize("UTC")
-    if spec.format == "mooncake":
-        result.heads = traces.mooncake_rows(path, rejects, epoch)
-    elif spec.format == "azure":
-        result.heads = traces.azure_rows(path, rejects)
-    elif spec.format == "servegen":
-        result.counts = traces.servegen_rows(path, rejects, epoch)
-    else:
-        result.heads = traces.jsonl_rows(path, rejects, options.block_size)
-    for row in result.heads:
-        row.setdefault("source", "trace")
+def _parse_trace(spec: ChunkSpec, options: IngestOptions, trace: InputFormat) -> ChunkResult:
+    result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
+    path, rejects = Path(spec.path), Rejects(spec.path)
+    result.rejects = rejects
+    heads, result.counts = cast(TraceFormat, trace).read(path, rejects, options)
+    for row in heads:
+        row.setdefault("source", trace.source)
+    result.heads = heads
     result.lines = len(result.heads) + len(result.counts) + rejects.total
     result.bytes_read = result.offset = path.stat().st_size
     return result

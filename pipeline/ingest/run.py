@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import BadInputError
-from pipeline.ingest import assemble
+from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
-from pipeline.ingest.detect import FORMATS, LOG_FORMATS, detect_format
+from pipeline.ingest.detect import detect_format
 from pipeline.ingest.finish import PartJob, finish_part, finishing_pool, ordered_map, read_part
+from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_pieces, plan_chunks
@@ -33,7 +34,6 @@ from pipeline.ingest.sinks import MemorySink, ParquetSink
 from pipeline.ingest.state import FileState, IngestState, identify
 from pipeline.ingest.summary import FileSummary, Rejects
 from pipeline.ingest.traces import counts_frame
-from pipeline.ingest.vllm import endpoint_of
 from pipeline.records import records_frame
 
 Progress = Callable[[int, int], None]
@@ -151,7 +151,7 @@ def run_chunk(job: ChunkJob) -> list[ChunkResult]:
     """Parse one chunk and write each piece's heads and metrics as Parquet parts next to
     ``job.part_prefix``; return the pieces' light remainders (tails, counters, rejects)."""
     done = []
-    text_ts = job.spec.format in LOG_FORMATS
+    text_ts = isinstance(formats.get(job.spec.format), LogFormat)  # zone/year known later
     for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
         result.part = f"{job.part_prefix}.{k}"
         write_part(heads_frame(result.heads, text_ts), f"{result.part}.heads.parquet")
@@ -206,8 +206,8 @@ class FileAssembly:
     def finish(self, sink: MemorySink) -> FileSummary:
         """Join, resolve and hand every part of the file to ``sink``; fill the summary."""
         self._count()
-        fmt = self.plan.format
-        if fmt in ("vllm", "tgi-text", "tgi-json"):
+        fmt = formats.get(self.plan.format or "")
+        if isinstance(fmt, LogFormat):
             self._finish_log(sink, fmt)
         else:
             self._finish_trace(sink)
@@ -226,18 +226,11 @@ class FileAssembly:
         if self.plan.resume_note != "whole file":
             self.summary.assumptions.append(self.plan.resume_note)
 
-    def _finish_log(self, sink: MemorySink, fmt: str) -> None:
-        source = "vllm" if fmt == "vllm" else "tgi"
-        mtime = self.plan.path.stat().st_mtime
-        bases, note = assemble.year_bases(self.chunks, self.options, mtime)
-        if fmt == "vllm" and any(c.first_ts for c in self.chunks):
-            self.summary.assumptions.append(note)
-        cap = assemble.detect_cap(self.chunks, self.options) if fmt == "vllm" else None
-        if cap is not None:
-            self.summary.assumptions.append(f"--max-log-len {cap}: prompts of that length are cut")
+    def _finish_log(self, sink: MemorySink, fmt: LogFormat) -> None:
+        facts = fmt.file_facts(self.chunks, self.options, self.plan.path.stat().st_mtime)
+        self.summary.assumptions.extend(facts.notes)
         used: set[str] = set(self.plan.state.recent_ids)
-        as_table = isinstance(sink, ParquetSink)
-        jobs = self._part_jobs(bases, source, cap, sink.window, as_table)
+        jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
         for i, done in enumerate(ordered_map(finish_part, jobs, self.pool, self.options.workers)):
             used |= done.used
             self.plan.state.recent_ids.extend(done.recent_ids)
@@ -246,20 +239,21 @@ class FileAssembly:
                 cast(ParquetSink, sink).add_records_table(done.table, done.counts)
             elif done.records is not None:
                 sink.add_records(done.records, done.counts)
-            self._emit_metrics(sink, i, self.chunks[i], bases[i], fmt)
+            if fmt.has_metrics:
+                self._emit_metrics(sink, fmt, facts, i)
             del done
             # Arrow's allocator keeps freed chunk buffers for reuse: ~100 MB per chunk in flight
             pa.default_memory_pool().release_unused()
-        self._emit_orphans(sink, used, source)
+        self._emit_orphans(sink, used, fmt, facts)
 
     def _part_jobs(
-        self, bases: list[int], source: str, cap: int | None, window: str, as_table: bool
+        self, fmt: LogFormat, facts: FileFacts, window: str, as_table: bool
     ) -> Iterator[PartJob]:
-        """One job per chunk, made when submitted (each carries the tails of later chunks)."""
+        """One job per piece, made when submitted (each carries the tails of later pieces)."""
         for i, chunk in enumerate(self.chunks):
             later = self._tails_after(i)
             part = self._part(i, "heads")
-            yield PartJob(part, later, chunk, bases[i], source, cap, self.options, window, as_table)
+            yield PartJob(part, later, chunk, i, fmt.name, facts, self.options, window, as_table)
 
     def _tails_after(self, index: int) -> dict[str, dict[str, Any]]:
         """What later pieces said of requests that may have their head in piece ``index``:
@@ -279,40 +273,29 @@ class FileAssembly:
     def _part(self, index: int, kind: str) -> str:
         return f"{self.chunks[index].part}.{kind}.parquet"
 
-    def _emit_metrics(
-        self, sink: MemorySink, index: int, chunk: ChunkResult, base: int, fmt: str
-    ) -> None:
+    def _emit_metrics(self, sink: MemorySink, fmt: LogFormat, facts: FileFacts, index: int) -> None:
         frame = read_part(self._part(index, "metrics"))
-        if frame.empty or fmt != "vllm":
+        if frame.empty:
             return
-        frame["ts"] = assemble.resolve_vllm_ts(
-            frame["ts"], frame["_line"], chunk, base, self.options.tz
-        )
+        frame["ts"] = fmt.resolve_ts(frame, self.chunks[index], facts, index, self.options)
         self.summary.metrics += len(frame)
         sink.add_metrics(frame.drop(columns=["_line"]))
 
-    def _emit_orphans(self, sink: MemorySink, used: set[str], source: str) -> None:
+    def _emit_orphans(
+        self, sink: MemorySink, used: set[str], fmt: LogFormat, facts: FileFacts
+    ) -> None:
         tails: dict[str, dict[str, object]] = {}
         for chunk in self.chunks:
             tails.update(chunk.tails)
         rows = assemble.orphan_records(tails, used)
-        if not rows:
+        if not rows or not self.chunks:
             return
         self.summary.ignored["follow-up lines without their Received line (own records)"] += len(
             rows
         )
-        if not self.chunks:
-            return
-        for row in rows:
-            row.setdefault("status", "received")
-            row["endpoint"] = endpoint_of(str(row["request_id"]))
-        frame = heads_frame(rows, text_ts=True)
-        first = self.chunks[0]
-        bases, _ = assemble.year_bases(self.chunks, self.options, self.plan.path.stat().st_mtime)
-        frame["ts"] = assemble.resolve_vllm_ts(
-            frame["ts"], frame["_line"], first, bases[0], self.options.tz
-        )
-        records = assemble.finalize_log_records(frame, source, None, self.options)
+        frame = heads_frame([fmt.orphan(row) for row in rows], text_ts=True)
+        frame["ts"] = fmt.resolve_ts(frame, self.chunks[0], facts, 0, self.options)
+        records = fmt.finalize(frame, facts.without_cap(), self.options)
         self.summary.records += len(records)
         sink.add_records(records)
 
@@ -359,8 +342,8 @@ def run_ingest(
     progress: Progress | None = None,
 ) -> list[FileSummary]:
     """Ingest ``paths`` into ``sink``; return one summary per file (``state`` updated)."""
-    if options.format is not None and options.format not in FORMATS:
-        raise BadInputError(f"unknown format {options.format!r}; one of {FORMATS}", where="format")
+    if options.format is not None:
+        formats.get(options.format)  # a BadInputError naming the known formats
     _check_tz(options.tz)
     files, skipped = find_inputs(paths)
     plans = [plan_file(p, options, state) for p in files]

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pandas as pd
+
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
@@ -503,6 +505,13 @@ def _router_line(rest: str) -> bool:
     return "text_generation_router" in rest or (
         name is not None and (name.group() in ENDPOINTS or name.group() == "HTTP request")
     )
+
+
+def arrival_ts(frame: pd.DataFrame) -> pd.Series:
+    """Event time (UTC, µs) minus the request's total time: the arrival time."""
+    ts = pd.to_datetime(frame["ts"].astype(str), utc=True, format="ISO8601", errors="coerce")
+    back = pd.to_timedelta(frame["_ts_minus_s"].fillna(0.0).astype(float), unit="s")
+    return (ts - back).astype("datetime64[us, UTC]")
 
 
 def _seconds(ts: str) -> float | None:

@@ -51,6 +51,23 @@ _SERVEGEN_NAME = re.compile(r"chunk-(\d+)-trace\.csv$")
 Row = dict[str, Any]
 
 
+def epoch_of(text: str | None) -> pd.Timestamp:
+    """The start of a relative-time trace: ``text`` (ISO, UTC when zone-less) or the default."""
+    epoch = pd.Timestamp(text) if text else TRACE_EPOCH
+    return epoch.tz_localize("UTC") if epoch.tzinfo is None else epoch
+
+
+def json_object(line: str) -> dict[str, Any] | None:
+    """``line`` as a JSON object, or ``None`` (detection: never raises)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _lines(path: Path, rejects: Rejects) -> Iterator[tuple[int, str]]:
     reader = LineReader(path, rejects)
     for first, block in reader:
