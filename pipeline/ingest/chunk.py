@@ -78,6 +78,8 @@ class ChunkResult:
     start: int = 0
     end: int = 0
     heads: list[dict[str, Any]] = field(default_factory=list)
+    #: heads read column-wise (:mod:`pipeline.ingest.columnar`): frames of head columns
+    head_frames: list[Any] = field(default_factory=list)
     tails: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     rejects: Rejects = field(default_factory=Rejects)
@@ -111,6 +113,7 @@ def chunk_meta(result: ChunkResult) -> dict[str, Any]:
     """A chunk's light remainder (no heads, no metrics) as JSON-ready data."""
     data = asdict(result)
     data.pop("heads")
+    data.pop("head_frames")
     data.pop("metrics")
     data["rejects"] = result.rejects.to_dict()
     data["ignored"] = dict(result.ignored)  # asdict() mangles a Counter's items

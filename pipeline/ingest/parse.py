@@ -7,16 +7,18 @@ says a record may start (TGI text: an event, so a multi-line message is never sp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import cast
 
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.ingest import formats
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
+from pipeline.ingest.columnar import arrow_to_pandas
 from pipeline.ingest.formats import InputFormat, LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
 from pipeline.ingest.options import IngestOptions
@@ -141,6 +143,8 @@ class _Piece:
         self.parser.finish()
         result, reader = self.result, self.reader
         result.head_ids = [h["request_id"] for h in result.heads if h.get("request_id")]
+        for frame in result.head_frames:
+            result.head_ids.extend(frame["request_id"].dropna().tolist())
         result.lines = lines_seen - self.lines_before
         result.rejects.renumber(-self.lines_before)
         self.bytes_end = reader.bytes_read
@@ -155,6 +159,7 @@ def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
     for piece in pieces[1:]:
         merged.rejects.merge(piece.rejects, merged.lines)
         merged.heads.extend(piece.heads)
+        merged.head_frames.extend(piece.head_frames)
         merged.head_ids.extend(piece.head_ids)
         merged.tails.update(piece.tails)
         merged.metrics.extend(piece.metrics)
@@ -182,6 +187,9 @@ def _parse_trace(spec: ChunkSpec, options: IngestOptions, trace: InputFormat) ->
     return result
 
 
+_ARROW_OF = {"string": pa.string(), "Int64": pa.int64(), "UInt64": pa.uint64(),
+             "Float64": pa.float64(), "boolean": pa.bool_()}  # fmt: skip
+
 # The record contract's dtypes for what a head carries (``ts`` stays text until the file's year
 # and zone are resolved; ``source`` and ``prefix_hashes`` are set later), plus the parser's own.
 _HEAD_DTYPES = {
@@ -192,8 +200,11 @@ _HEAD_DTYPES = {
 }
 
 
-def heads_frame(heads: list[dict[str, object]], text_ts: bool) -> pd.DataFrame:
+def heads_frame(
+    heads: list[dict[str, object]], text_ts: bool, frames: Sequence[pd.DataFrame] = ()
+) -> pd.DataFrame:
     """Heads as a typed DataFrame; ``ts`` stays text for log formats (resolved per file).
+    ``frames`` are heads already read column-wise; all come out in line order.
 
     Built column by column from the Python values, so a u64-sized seed never passes through
     float64 (which would round it).
@@ -202,7 +213,7 @@ def heads_frame(heads: list[dict[str, object]], text_ts: bool) -> pd.DataFrame:
     # map(dict.get, ...) runs the per-row lookups in C: ~2x a comprehension on 25 columns
     data = {c: list(map(dict.get, heads, repeat(c))) for c in columns}
     frame = pd.DataFrame(
-        {c: pd.array(v, dtype=_HEAD_DTYPES[c]) for c, v in data.items() if c in _HEAD_DTYPES}
+        {c: _typed(v, _HEAD_DTYPES[c]) for c, v in data.items() if c in _HEAD_DTYPES}
     )
     frame["_line"] = frame["_line"].fillna(0).astype("int64")
     frame["source"] = pd.array(data["source"], dtype="string")
@@ -211,7 +222,37 @@ def heads_frame(heads: list[dict[str, object]], text_ts: bool) -> pd.DataFrame:
         frame["ts"] = pd.array(data["ts"], dtype="string")
     else:
         frame["ts"] = pd.to_datetime(pd.Series(data["ts"], dtype=object), utc=True)
-    return frame[columns]
+    frame = frame[columns]
+    if not frames:
+        return frame
+    parts = [frame, *(_head_columns(f, columns) for f in frames)]
+    whole = pd.concat([p for p in parts if len(p)] or [frame], ignore_index=True)
+    return whole.sort_values("_line", kind="stable", ignore_index=True)
+
+
+def _typed(values: list[object], dtype: str) -> object:
+    """Python values as a pandas array of ``dtype``; unsigned 64-bit values through Arrow,
+    exactly (pandas reads a list mixing values below and above 2**63 through float64)."""
+    if dtype == "UInt64":
+        return arrow_to_pandas(pa.array(values, pa.uint64()), dtype)
+    return pd.array(values, dtype=dtype)
+
+
+def _head_columns(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """A column-wise heads frame with every head column, in the dtypes of :func:`heads_frame`."""
+    n = len(frame)
+    out = {}
+    for column in columns:
+        if column in frame:
+            out[column] = frame[column]
+        elif column == "prefix_hashes":
+            out[column] = pd.Series([None] * n, dtype=object)
+        else:
+            dtype = "string" if column in ("ts", "source") else _HEAD_DTYPES[column]
+            out[column] = pd.Series(arrow_to_pandas(pa.nulls(n, _ARROW_OF[dtype]), dtype))
+    typed = pd.DataFrame(out)
+    typed["_line"] = typed["_line"].astype("int64")
+    return typed
 
 
 def metrics_frame(rows: list[dict[str, object]]) -> pd.DataFrame:

@@ -154,9 +154,10 @@ def run_chunk(job: ChunkJob) -> list[ChunkResult]:
     text_ts = isinstance(formats.get(job.spec.format), LogFormat)  # zone/year known later
     for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
         result.part = f"{job.part_prefix}.{k}"
-        write_part(heads_frame(result.heads, text_ts), f"{result.part}.heads.parquet")
+        heads = heads_frame(result.heads, text_ts, result.head_frames)
+        write_part(heads, f"{result.part}.heads.parquet")
         write_part(metrics_frame(result.metrics), f"{result.part}.metrics.parquet")
-        result.heads, result.metrics = [], []
+        result.heads, result.head_frames, result.metrics = [], [], []
         done.append(result)
     return done
 

@@ -24,10 +24,13 @@ class Rejects:
     counts: Counter[str] = field(default_factory=Counter)
     #: reason -> [(line number, start of the line)]
     samples: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    #: every reject counted by ``add`` (cheap to read per line, unlike :attr:`total`)
+    count: int = 0
 
     def add(self, reason: str, line_no: int, text: str | bytes = "", n: int = 1) -> None:
         """Count ``n`` rejects for ``reason``; keep a ``file:line`` sample while there is room."""
         self.counts[reason] += n
+        self.count += n
         kept = self.samples.setdefault(reason, [])
         if len(kept) < SAMPLES_PER_REASON:
             if isinstance(text, bytes):

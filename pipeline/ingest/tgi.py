@@ -19,14 +19,16 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.columnar import tgi_success_rows
 from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
 from pipeline.ingest.reprs import (
@@ -252,24 +254,45 @@ class TgiChunkParser:
         json_lines: bool,
         *,
         max_message: int = DEFAULT_MAX_LINE_BYTES,
+        columnar: bool = True,
     ) -> None:
         self.out = result
         self.block_size = block_size
         self.json_lines = json_lines
         self.max_message = max_message
+        #: read plain ``Success`` lines column-wise (False: every line by the Python path)
+        self.columnar = columnar
         self.current: TgiEvent | None = None
         #: ``Input:`` events not joined yet, per handler and parameters: (time, text, line)
         self.inputs: dict[tuple[str, str | None], list[tuple[float, str, bool]]] = {}
         self._params_cache: dict[str, dict[str, Any]] = {}
         self._hasher = PrefixHasher(block_size)
 
-    def feed(self, first_line: int, lines: Iterable[str]) -> None:
-        """Parse a block of lines numbered from ``first_line``."""
-        for line_no, line in enumerate(lines, first_line):
-            if self.json_lines:
-                self._json_line(line, line_no)
+    def feed(self, first_line: int, lines: Sequence[str]) -> None:
+        """Parse a block of lines numbered from ``first_line``: plain ``Success`` events
+        column-wise, every other line (and a ``Success`` an ``Input:`` may join) one by one."""
+        if self.json_lines or not self.columnar:
+            for line_no, line in enumerate(lines, first_line):
+                self._json_line(line, line_no) if self.json_lines else self._text_line(
+                    line, line_no
+                )
+            return
+        fast, frame = tgi_success_rows(
+            list(lines), _printed_parameters, self._parameter_fields, ENDPOINTS
+        )
+        taken = []
+        for i, line in enumerate(lines):
+            if fast[i] and not self.inputs:
+                if self.current is not None:
+                    self._flush()
+                taken.append(i)
             else:
-                self._text_line(line, line_no)
+                fast[i] = False
+                self._text_line(line, first_line + i)
+        if frame is not None and taken:
+            read = frame[np.isin(frame["_line"].to_numpy(), taken)].reset_index(drop=True)
+            read["_line"] = read["_line"] + first_line
+            self.out.head_frames.append(read)
 
     # --- text -------------------------------------------------------------------------------
 
@@ -468,12 +491,15 @@ class TgiChunkParser:
         return record
 
     def _params(self, record: dict[str, Any], text: str) -> None:
+        record.update(self._parameter_fields(text))
+
+    def _parameter_fields(self, text: str) -> dict[str, Any]:
         fields = self._params_cache.get(text)
         if fields is None:
             if len(self._params_cache) >= _PARAMS_CACHE_SIZE:
                 self._params_cache.clear()
             fields = self._params_cache[text] = parameter_fields(generate_parameters(text))
-        record.update(fields)
+        return fields
 
     @staticmethod
     def _streaming(event: TgiEvent) -> bool:

@@ -12,7 +12,7 @@ every other line of the envelope is counted as ignored, by kind.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from pipeline.ingest.chunk import ChunkResult
@@ -137,7 +137,7 @@ class VllmChunkParser:
 
     # --- the line loop ---------------------------------------------------------------------
 
-    def feed(self, first_line: int, lines: Iterable[str]) -> None:
+    def feed(self, first_line: int, lines: Sequence[str]) -> None:
         """Parse a block of lines numbered from ``first_line``."""
         fast = _FAST_LINE.match
         for line_no, line in enumerate(lines, first_line):
@@ -156,12 +156,20 @@ class VllmChunkParser:
                 if found is None:
                     continue
                 level, ts, msg = found
-            if ts != self.last_ts:  # a second's lines share one timestamp: track it once
-                self.last_ts = ts
-                self._track_year(ts, line_no)
-            if self.pending_access:
-                self._settle_access(ts)
-            self._message(msg, level, ts, line_no)
+            self._enveloped(msg, level, ts, line_no)
+
+    def _enveloped(self, msg: str, level: str, ts: str, line_no: int) -> None:
+        """A line with an envelope: its message, then its time counts (a rejected line, cut
+        or mangled, moves no clock: its year rollover or access-line time would be garbage)."""
+        rejected = self.out.rejects.count
+        self._message(msg, level, ts, line_no)
+        if self.out.rejects.count != rejected:
+            return
+        if ts != self.last_ts:  # a second's lines share one timestamp: track it once
+            self.last_ts = ts
+            self._track_year(ts, line_no)
+        if self.pending_access:
+            self._settle_access(ts)
 
     def _envelope(self, line: str, line_no: int) -> tuple[str, str, str] | None:
         """Level, timestamp and message of a line the fast pattern did not read; ``None``
@@ -205,9 +213,8 @@ class VllmChunkParser:
         if prefixed is not None:
             match = _ENVELOPE.match(line, prefixed.end())
             if match is not None:
-                self.last_ts = match.group("ts")
-                self._track_year(self.last_ts, line_no)
-                self._message(line[match.end() :], match.group("level"), self.last_ts, line_no)
+                level, ts = match.group("level", "ts")
+                self._enveloped(line[match.end() :], level, ts, line_no)
                 return
         reason = "invalid utf-8" if "\ufffd" in line else "not a vLLM log line"
         self.out.rejects.add(reason, line_no, line)
@@ -370,10 +377,14 @@ class VllmChunkParser:
     def _request_line(self, msg: str, ts: str, line_no: int) -> None:
         """``Request <id> details: ...`` (DEBUG prompt) and ``Request <id> aborted./failed``."""
         space = msg.find(" ", 8)
-        if space < 0 or not msg.endswith("."):
+        request_id, rest = msg[8:space], msg[space + 1 :]
+        known = space >= 0 and rest.startswith(("details: prompt: ", "aborted", "failed"))
+        if known and not msg.endswith("."):  # these end with "." (FORMATS.md 1.6)
             self.out.rejects.add(CUT_OFF, line_no, msg)
             return None
-        request_id, rest = msg[8:space], msg[space + 1 :]
+        if not known:  # "Request <id> JSON body: ..." (DEBUG, 0.32) and others
+            self.out.ignored["other vLLM line"] += 1
+            return None
         if rest.startswith("details: prompt: "):
             return self._details(request_id, rest[17:], ts, line_no)
         if rest.startswith("aborted"):
@@ -381,7 +392,6 @@ class VllmChunkParser:
         if rest.startswith("failed"):
             bad = rest.startswith(("failed (bad request)", "failed (input error)"))
             return self._set_status(request_id, "rejected" if bad else "failed", ts, line_no)
-        self.out.ignored["other vLLM line"] += 1
         return None
 
     def _details(self, request_id: str, rest: str, ts: str, line_no: int) -> None:

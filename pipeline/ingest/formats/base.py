@@ -7,7 +7,7 @@ none of them compares format names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from pipeline.ingest.summary import Rejects
 class ChunkParser(Protocol):
     """Parses the lines of one piece of a log into ``result`` (heads, tails, metrics)."""
 
-    def feed(self, first_line: int, lines: Iterable[str]) -> None: ...
+    def feed(self, first_line: int, lines: Sequence[str]) -> None: ...
 
     def finish(self) -> ChunkResult: ...
 

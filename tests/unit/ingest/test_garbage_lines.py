@@ -45,7 +45,7 @@ BINARY = st.binary(max_size=60).map(lambda b: b"\xff" + b.replace(b"\n", b"").re
 #: garbage no multi-line message can hold
 ALWAYS = st.one_of(BINARY, st.just(b"o" * (CAP + 100)))
 ANYWHERE = st.one_of(ALWAYS, st.just(b""), st.just(b"\r"), st.just(PANIC), st.just(b"note: x"))
-MULTILINE = re.compile(r"[A-Z]+ \S*?: [\w/.-]+\.rs:\d+: (?:Input|Output): ")
+MULTILINE = re.compile(r"\.rs:\d+: (?:Input|Output): ")
 
 
 def _lines(path: Path) -> list[bytes]:
