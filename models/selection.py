@@ -187,7 +187,7 @@ class SelectedForecaster(HotnessModel):
         self.table_ = backtest(matrix, models, origin, end, tuple(self.budgets), self.horizon)
         self.winner_name_ = choose(self.table_, self.share_tolerance)
         self.winner_ = models[self.winner_name_].fit(matrix, end)
-        self.note_ = _note(learning, self.learning, origin, self.min_learning_windows)
+        self.note_ = _note(learning, self.learning, end + 1, self.min_learning_windows)
         self.backtest_span_ = (matrix.window_start(origin), matrix.window_start(end))
         self.seconds_ = time.perf_counter() - started
         self.window_ = matrix.window
@@ -232,14 +232,14 @@ def _row(row: Any) -> dict[str, Any]:
             "mae": float(row.mae)}  # fmt: skip
 
 
-def _note(learning: bool, wanted: bool, origin: int, needed: int) -> str:
+def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
     if learning:
         return "baselines, blends and LightGBM compared"
     if not wanted:
         return "baselines and blends only (LightGBM not asked for)"
     return (
-        f"baselines and blends only: {origin + 1} window(s) before the backtest, "
-        f"LightGBM needs {needed}"
+        f"baselines and blends only: {history} window(s) of history, too few for LightGBM "
+        f"(it needs {needed} before a backtest of the latest half)"
     )
 
 
