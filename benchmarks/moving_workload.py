@@ -28,8 +28,12 @@ heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Ar
 * ``oracle`` — clairvoyant: the heads in the order of their first use in window ``R``;
 * ``cold`` — no warm-up (what "prefill tokens saved" is counted against).
 
-"Fill" takes templates best first while their heads fit and primes the best last (the block
-pool is an LRU). Metrics, over the restarts: first uses served from cache (a template's first
+Every count-based arm (prewarm, both popularities, peeking) plans with the same planner: each
+template's chance of a first use in window ``R`` (``1 - exp(-rate)`` from its forecast or count;
+for peeking, whether it is used at all), taken by chance per cache block while the heads fit,
+the likeliest primed last (the block pool is an LRU); only what they know differs.
+
+Metrics, over the restarts: first uses served from cache (a template's first
 request in window ``R`` finds its head cached) and prefill tokens saved in window ``R`` against
 the cold start; each arm's first-use hits also as a share of the peeking arm's. Usage::
 
@@ -139,15 +143,23 @@ def window_requests(workload: Workload, w: int, rng: random.Random) -> list[tupl
     return [(i, workload.templates.heads[i] + u) for i, u in zip(picks, users, strict=True)]
 
 
-def fill(workload: Workload, ranked: Sequence[int]) -> list[list[int]]:
-    """Heads of ``ranked`` (best first) that fit the cache together, primed best last."""
+def fill_by_value(workload: Workload, value: np.ndarray, rng: random.Random) -> list[list[int]]:
+    """The planner every count-based arm shares: ``value`` is each template's chance of a
+    first use in the window; templates are taken by value per cache block (a small head that
+    will surely be used beats a big one), while they fit, and the most valuable primed last."""
+    blocks = np.array([workload.templates.blocks(i) for i in range(len(value))], dtype=float)
     chosen, used = [], 0
-    for index in ranked:
-        blocks = workload.templates.blocks(index)
-        if used + blocks <= workload.capacity:
+    for index in by_score(value / blocks, rng):
+        if used + blocks[index] <= workload.capacity:
             chosen.append(index)
-            used += blocks
-    return [workload.templates.heads[i] for i in reversed(chosen)]
+            used += int(blocks[index])
+    chosen.sort(key=lambda i: value[i])
+    return [workload.templates.heads[i] for i in chosen]
+
+
+def first_use_chance(rate: np.ndarray) -> np.ndarray:
+    """Chance of at least one request in a window at a Poisson ``rate``."""
+    return 1.0 - np.exp(-np.maximum(rate, 0.0))
 
 
 def by_score(scores: np.ndarray, rng: random.Random) -> list[int]:
@@ -199,13 +211,14 @@ def primings(
     logged = window_requests(workload, restart.last_logged, random.Random(rng.random()))
     truth = workload.counts[:, restart.window].astype(float)
     first_use = list(dict.fromkeys(t for t, _ in future))
+    mean_rate = history.sum(axis=1) / history.shape[1]
     return {
-        "prewarm": fill(workload, by_score(forecast, rng)),
+        "prewarm": fill_by_value(workload, first_use_chance(forecast), rng),
         "resend_logged": [ids for _, ids in logged],
         "prime_all_seen": [workload.templates.heads[i] for i in reversed(recent_first)],
-        "whole_history": fill(workload, by_score(history.sum(axis=1).astype(float), rng)),
-        "last_window": fill(workload, by_score(last.astype(float), rng)),
-        "peeking": fill(workload, by_score(truth, rng)),
+        "whole_history": fill_by_value(workload, first_use_chance(mean_rate), rng),
+        "last_window": fill_by_value(workload, first_use_chance(last.astype(float)), rng),
+        "peeking": fill_by_value(workload, (truth > 0).astype(float), rng),
         "oracle": _oracle(workload, first_use),
         "cold": [],
     }
