@@ -239,7 +239,7 @@ def _oracle(workload: Workload, first_use: Sequence[int]) -> list[list[int]]:
 class Forecasts:
     """prewarm's forecasts: one selection per (day, horizon), fitted on the days before."""
 
-    def __init__(self, workload: Workload, budget: int, refit_days: int) -> None:
+    def __init__(self, workload: Workload, budget: tuple[int, ...], refit_days: int) -> None:
         self.matrix = workload.matrix()
         self.refit_days = refit_days
         self.order = _item_order(self.matrix, workload.templates.clients)
@@ -256,7 +256,7 @@ class Forecasts:
         if key not in self.selected:
             started = time.perf_counter()
             until = day * PER_DAY - 1  # the history before that stretch
-            self.selected[key] = SelectedForecaster((self.budget,), horizon=horizon).fit(
+            self.selected[key] = SelectedForecaster(self.budget, horizon=horizon).fit(
                 self.matrix, until
             )
             self.seconds.append(time.perf_counter() - started)
@@ -293,7 +293,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     """Every arm on every restart; totals per downtime."""
     workload = build_workload(args.clients, args.templates, args.requests, args.seed)
     mean_blocks = np.mean([workload.templates.blocks(i) for i in range(args.templates)])
-    budget = max(1, int(workload.capacity // mean_blocks))
+    fits = max(1, int(workload.capacity // mean_blocks))  # heads of a mean size that fit
+    budget = tuple(max(1, round(fits * x)) for x in args.budget_multiples)
     forecasts = Forecasts(workload, budget, args.refit_days)
     per_downtime: dict[int, dict[str, object]] = {}
     for minutes in args.downtimes:
@@ -367,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--restarts", type=int, default=200, help="per downtime")
     parser.add_argument("--downtimes", type=int, nargs="+", default=list(DOWNTIMES_MIN))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-multiples", type=float, nargs="+", default=[1.0],
+                        help="prewarm selects at these multiples of what fits")  # fmt: skip
     parser.add_argument("--refit-days", type=int, default=7, help="days between selections")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
