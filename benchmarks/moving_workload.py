@@ -16,9 +16,9 @@ heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Ar
 
 * ``prewarm`` — :class:`models.selection.SelectedForecaster` at the restart's horizon
   (``downtime + 1`` windows ahead), selected by backtest on the history before the restart's
-  stretch of ``--refit-days`` days (default 7: one selection per downtime, on the first week,
-  for every restart in the second; 1 retrains daily), fills the cache by its forecast from
-  the history up to the last logged window;
+  day (``--refit-days``, default 1: retrained daily; 7: one selection on the first week for
+  every restart in the second), fills the cache by its forecast from the history up to the
+  last logged window;
 * ``resend_logged`` — re-send the last logged window's requests, in their order;
 * ``prime_all_seen`` — prime every template seen in the history, most recently used last;
 * ``whole_history`` / ``last_window`` — fill by the whole history's / the last logged window's
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-multiples", type=float, nargs="+", default=[1.0],
                         help="prewarm selects at these multiples of what fits")  # fmt: skip
-    parser.add_argument("--refit-days", type=int, default=7, help="days between selections")
+    parser.add_argument("--refit-days", type=int, default=1, help="days between selections")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not args.clients.is_dir():
