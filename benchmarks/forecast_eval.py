@@ -7,8 +7,16 @@
 
 For each: per model, the captured share of next-window requests, its share of the history
 oracle and of the oracle, and the MAE; plus the seconds of one full LightGBM fit on the whole
-trace (the "trains in under a minute" check). ServeGen also gets the forecaster with the
-``median`` objective, the L1-optimal forecast.
+trace and of one selection (training plus selection: the "under a minute" check). ServeGen also
+gets the forecaster with the ``median`` objective, the L1-optimal forecast.
+
+``selected`` is what the loop uses: on every refit, :class:`models.selection.SelectedForecaster`
+backtests its candidates on the latest windows *before* the refit and keeps the winner, so it
+is judged on later windows it never chose on. The closing **done-when table** puts it next to
+the best baseline of each case and budget: its share of the history oracle must be at least the
+best baseline's minus one point, its MAE at most the best baseline's plus 2%. (The Azure traces
+carry no items — no prefixes, prompts or tenants, only arrival times and token counts — so
+there is nothing per item to forecast in them, and no case here.)
 
 Each case also prints a *peeking ceiling*, which no forecaster can use: the ranking (Mooncake) or
 forecast (ServeGen) made from the windows right around the target, ``t`` and ``t + 2 ..
@@ -31,11 +39,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.cmd_evaluate import print_table, standard_models
+from jobs.cmd_evaluate import WinnerLog, print_table, standard_models
+from models.baselines import baselines
 from models.forecaster import HotnessForecaster
+from models.selection import SelectedForecaster
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
 from pipeline.ingest.traces import read_mooncake, read_servegen
 from pipeline.windows import item_window_counts
@@ -92,7 +103,7 @@ def run_case(case: str, console: Console, timing: bool = False) -> dict[str, obj
     window, budgets, refit_every, first_t = CASES[case]
     counts = counts_for(case, window, timing)
     matrix = CountMatrix.from_counts(counts)
-    models = standard_models()
+    models = standard_models(budgets=budgets)
     if case == "servegen":
         median = HotnessForecaster(objective="median")
         models["lightgbm_median"] = median
@@ -105,13 +116,61 @@ def run_case(case: str, console: Console, timing: bool = False) -> dict[str, obj
         f"{matrix.n_windows - 1 - first_t} steps, refit every {refit_every}"
     )
     print_table(console, title, evaluation.table)
+    selected = models["selected"]
+    assert isinstance(selected, WinnerLog)
+    console.print(selected.summary())
     fit_s = fit_seconds(matrix, HotnessForecaster())
-    console.print(f"walk-forward {seconds:.0f} s; one full LightGBM fit {fit_s:.1f} s")
+    select_s = fit_seconds(matrix, SelectedForecaster(budgets))
+    console.print(
+        f"walk-forward {seconds:.0f} s; one full LightGBM fit {fit_s:.1f} s; "
+        f"one selection on the whole trace (training + selection) {select_s:.1f} s"
+    )
     ceiling = peeking_ceiling(matrix, budgets, first_t)
     console.print("peeking ceiling: " + ", ".join(f"{k} {v:.3f}" for k, v in ceiling.items()))
     return {"case": case, "items": matrix.n_items, "windows": matrix.n_windows,
-            "walk_forward_s": seconds, "fit_s": fit_s, "peeking_ceiling": ceiling,
+            "walk_forward_s": seconds, "fit_s": fit_s, "selection_s": select_s,
+            "winners": [name for _, name in selected.winners], "peeking_ceiling": ceiling,
             "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
+
+
+#: Done when: the selected model's share of the history oracle at least the best baseline's
+#: minus this (points), and its MAE at most the best baseline's times (1 + MAE_SLACK).
+SHARE_SLACK, MAE_SLACK = 0.01, 0.02
+
+
+def done_when_rows(case: str, table: pd.DataFrame) -> list[dict[str, object]]:
+    """Per budget: the selected model against the best baseline on share and on MAE."""
+    names = set(baselines())
+    rows = []
+    for budget, part in table.groupby("budget", sort=False):
+        base = part[part["model"].isin(names)]
+        chosen = part[part["model"] == "selected"].iloc[0]
+        by_share = base.loc[base["share_of_history_oracle"].idxmax()]
+        by_mae = base.loc[base["mae"].idxmin()]
+        share, best_share = chosen["share_of_history_oracle"], by_share["share_of_history_oracle"]
+        rows.append({"case": case, "budget": budget, "selected_share": share,
+                     "best_baseline_share": best_share, "share_baseline": by_share["model"],
+                     "selected_mae": chosen["mae"], "best_baseline_mae": by_mae["mae"],
+                     "mae_baseline": by_mae["model"],
+                     "share_ok": bool(share >= best_share - SHARE_SLACK),
+                     "mae_ok": bool(chosen["mae"] <= by_mae["mae"] * (1 + MAE_SLACK))})  # fmt: skip
+    return rows
+
+
+def print_done_when(console: Console, rows: list[dict[str, object]]) -> None:
+    """The done-when table: one row per case and budget."""
+    out = Table(title="done when: selected vs the best baseline (share of history oracle, MAE)")
+    for column in ("case", "budget", "selected", "best baseline", "Δ pts", "ok",
+                   "selected MAE", "best baseline MAE", "MAE ratio", "ok "):  # fmt: skip
+        out.add_column(column, justify="left" if column in ("case", "budget") else "right")
+    for r in rows:
+        s, b = float(r["selected_share"]), float(r["best_baseline_share"])  # type: ignore[arg-type]
+        m, bm = float(r["selected_mae"]), float(r["best_baseline_mae"])  # type: ignore[arg-type]
+        out.add_row(str(r["case"]), str(r["budget"]), f"{s:.1%}", f"{b:.1%} {r['share_baseline']}",
+                    f"{100 * (s - b):+.2f}", "yes" if r["share_ok"] else "NO", f"{m:,.4g}",
+                    f"{bm:,.4g} {r['mae_baseline']}", f"{m / bm:.3f}",
+                    "yes" if r["mae_ok"] else "NO")  # fmt: skip
+    console.print(out)
 
 
 def main() -> None:
@@ -121,8 +180,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="Also write the tables here.")
     parser.add_argument("--timing", action="store_true", help="Mooncake counts with timing.")
     args = parser.parse_args()
-    console = Console(width=120)
+    console = Console(width=140)
     results = [run_case(case, console, args.timing) for case in (args.only or list(CASES))]
+    rows = [
+        row
+        for result in results
+        for row in done_when_rows(str(result["case"]), pd.DataFrame(result["table"]))
+    ]
+    print_done_when(console, rows)
+    for result in results:
+        result["done_when"] = [r for r in rows if r["case"] == result["case"]]
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

@@ -3,24 +3,29 @@
 ``prewarm evaluate PATH --window 5min --budget 100 [--budget 1000] [--json] [--plot FILE]``
 reads PATH (any log or trace ``prewarm ingest`` reads, a ServeGen folder, a counts table
 ``counts.parquet``/``windows.parquet`` or an ingest output folder holding one), counts item
-requests per window, and runs every baseline and the LightGBM forecaster walk-forward (see
-:mod:`pipeline.evaluation`). It prints, per budget and model: the
-captured share of next-window requests, its share of the history oracle and of the oracle, and
-the MAE of predicted counts.
+requests per window, and runs every baseline, the LightGBM forecaster and the model the loop
+would use — ``selected``, the backtest winner chosen on every refit from the history before it
+(:mod:`models.selection`) — walk-forward (see :mod:`pipeline.evaluation`). It prints, per budget
+and model: the captured share of next-window requests, its share of the history oracle and of
+the oracle, and the MAE of predicted counts; then which candidates the selection chose.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import numpy as np
 import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from models.baselines import HotnessModel, baselines
+from models.selection import SelectedForecaster
 from pipeline.errors import BadInputError
 from pipeline.evaluation import (
     CountMatrix,
@@ -70,12 +75,41 @@ def default_kind(counts: pd.DataFrame) -> str:
     return "prefix" if "prefix" in kinds.index else str(kinds.idxmax())
 
 
-def standard_models(forecaster: HotnessForecaster | None = None) -> dict[str, HotnessModel]:
-    """Every baseline and the LightGBM forecaster, by name."""
+def standard_models(
+    forecaster: HotnessForecaster | None = None, budgets: tuple[int, ...] = (100,)
+) -> dict[str, HotnessModel | WinnerLog]:
+    """Every baseline, the LightGBM forecaster, and the backtest-selected model (what the loop
+    uses, selected at ``budgets`` on every refit from the history before it), by name."""
     from models.forecaster import HotnessForecaster  # lightgbm: ~3 s, only for this command
 
     model = forecaster or HotnessForecaster()
-    return {**baselines(), model.name: model}
+    return {**baselines(), model.name: model, "selected": WinnerLog(SelectedForecaster(budgets))}
+
+
+class WinnerLog:
+    """A :class:`SelectedForecaster` that remembers the winner of each of its refits."""
+
+    def __init__(self, selected: SelectedForecaster) -> None:
+        self.selected = selected
+        self.winners: list[tuple[pd.Timestamp, str]] = []
+
+    def fit(self, matrix: CountMatrix, until: int) -> WinnerLog:
+        self.selected.fit(matrix, until)
+        self.winners.append((self.selected.trained_until_, self.selected.winner_name_))
+        return self
+
+    def predict_at(
+        self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
+    ) -> np.ndarray:
+        return self.selected.predict_at(matrix, t, items, horizon)
+
+    def summary(self) -> str:
+        """``winner xN, ...`` over the refits, and the last refit's note."""
+        counts = Counter(name for _, name in self.winners)
+        chosen = ", ".join(f"{name} x{n}" for name, n in counts.most_common())
+        return f"selected by backtest at each of {len(self.winners)} refit(s): {chosen}" + (
+            f" (last: {self.selected.note_})" if self.winners else ""
+        )
 
 
 def evaluate_counts(
@@ -96,7 +130,11 @@ def evaluate_counts(
         first_t=start,
         refit_every=refit_every or max(1, -(-steps // DEFAULT_REFITS)),
     )
-    return matrix, walk_forward(matrix, standard_models(), config)
+    models = standard_models(budgets=budgets or (100,))
+    evaluation = walk_forward(matrix, models, config)
+    selected = models["selected"]
+    notes = (selected.summary(),) if isinstance(selected, WinnerLog) else ()
+    return matrix, replace(evaluation, notes=notes)
 
 
 def print_table(console: Console, title: str, table: pd.DataFrame) -> None:
@@ -159,12 +197,15 @@ def evaluate(
         plot_steps(evaluation, plot)
     if as_json:
         payload = {"path": str(path), "window": window, "items": matrix.n_items,
-                   "windows": matrix.n_windows,
+                   "windows": matrix.n_windows, "notes": list(evaluation.notes),
                    "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
         typer.echo(json.dumps(payload, default=str))
         return
     title = f"{path.name}: {matrix.n_items} items x {matrix.n_windows} windows of {window}"
-    print_table(Console(), title, evaluation.table)
+    console = Console()
+    print_table(console, title, evaluation.table)
+    for note in evaluation.notes:
+        console.print(note)
 
 
 def register(app: typer.Typer) -> None:

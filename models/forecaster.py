@@ -42,6 +42,8 @@ class HotnessForecaster(HotnessModel):
     ``validation_windows`` > 0 chooses the number of trees walk-forward: a first booster learns
     from all but the latest ``validation_windows`` history ends, stops after ``patience`` rounds
     without a better loss on them, and the final booster learns that many rounds on all of them.
+    ``horizon`` is the window predicted: 1 (the next one, default) or more (the first window
+    after a downtime of ``horizon - 1`` windows); rows are labelled that many windows ahead.
     ``num_threads`` defaults to 1: on the shared 2-core machine (load ~8) one fit of 150k rows
     took 9 s with one thread and 112 s with two, OpenMP threads spinning against each other.
     """
@@ -66,6 +68,7 @@ class HotnessForecaster(HotnessModel):
         patience: int = 10,
         num_threads: int = 1,
         random_state: int = 0,
+        horizon: int = 1,
     ) -> None:
         self.objective = objective
         self.n_estimators = n_estimators
@@ -83,6 +86,7 @@ class HotnessForecaster(HotnessModel):
         self.patience = patience
         self.num_threads = num_threads
         self.random_state = random_state
+        self.horizon = horizon
 
     def fit(self, matrix: CountMatrix, until: int | None = None) -> HotnessForecaster:
         """Train a fresh booster on history ends up to ``until - 1``; returns ``self``."""
@@ -184,8 +188,15 @@ class HotnessForecaster(HotnessModel):
         self.booster_ = lgb.Booster(model_str=state.texts["booster"])
         return self
 
-    def _predict(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
-        rows = features_at(matrix, t, items)
+    def _predict(
+        self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
+    ) -> np.ndarray:
+        if horizon != self.horizon:
+            raise BadInputError(
+                f"the model predicts {self.horizon} window(s) ahead, asked for {horizon}",
+                where="horizon",
+            )
+        rows = features_at(matrix, t, items, horizon)
         raw = self.booster_.predict(rows, raw_score=True, num_threads=self.num_threads)
         if self.objective == "median":
             return np.maximum(1.0 + np.asarray(raw), 0.0) * last_level(rows)
@@ -202,12 +213,15 @@ class HotnessForecaster(HotnessModel):
     def _dataset(
         self, matrix: CountMatrix, first: int, end: int, reference: lgb.Dataset | None = None
     ) -> lgb.Dataset:
-        if end - first < 1:
+        if end - first < self.horizon:
             raise BadInputError("needs at least two windows of history to learn", where="counts")
         rng = np.random.default_rng(self.random_state)
-        picks = [self._pick_rows(matrix, s, rng) for s in range(first, end)]
+        ends = range(first, end - self.horizon + 1)
+        picks = [self._pick_rows(matrix, s, rng) for s in ends]
         keep = _cap_rows(picks, self.max_rows, rng)
-        blocks = [(features_at(matrix, s, it), y, w) for s, it, y, w in keep if len(it)]
+        blocks = [
+            (features_at(matrix, s, it, self.horizon), y, w) for s, it, y, w in keep if len(it)
+        ]
         if not blocks or sum(float(y.sum()) for _, y, _ in blocks) <= 0:
             raise BadInputError("no requests in the training windows", where="counts")
         features, labels, weights = (np.concatenate(part) for part in zip(*blocks, strict=True))
@@ -229,7 +243,7 @@ class HotnessForecaster(HotnessModel):
 
     def _pick_rows(self, matrix: CountMatrix, s: int, rng: np.random.Generator) -> _Rows:
         items = candidates(matrix, s, self.lookback)
-        labels = matrix.requests[items, s + 1]
+        labels = matrix.requests[items, s + self.horizon]
         active = labels > 0
         n_active, n_idle = int(active.sum()), int((~active).sum())
         wanted = max(self.negatives_per_positive * max(n_active, 1), 50.0)

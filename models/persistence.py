@@ -238,11 +238,19 @@ def _major_minor(version: str) -> str:
 def model_classes() -> dict[str, type]:
     """Saved kinds and the classes that rebuild them."""
     # Imported here: the model modules import this one for ModelState.
-    from models.baselines import EWMA, LastWindow, MovingAverage, SeasonalNaive
+    from models.baselines import (
+        EWMA,
+        DailyBlend,
+        LastWindow,
+        MovingAverage,
+        RecencyBlend,
+        SeasonalNaive,
+    )
     from models.forecaster import HotnessForecaster
     from models.profiles import WorkloadProfiler
 
-    classes = (LastWindow, MovingAverage, EWMA, SeasonalNaive, HotnessForecaster, WorkloadProfiler)
+    classes = (LastWindow, MovingAverage, EWMA, SeasonalNaive, RecencyBlend, DailyBlend,
+               HotnessForecaster, WorkloadProfiler)  # fmt: skip
     return {cls.name: cls for cls in classes}
 
 

@@ -167,8 +167,10 @@ class HotnessPredictor(Protocol):
         """Learn from windows ``0..until`` (targets up to and including ``until``)."""
         ...
 
-    def predict_at(self, matrix: CountMatrix, t: int, items: np.ndarray) -> np.ndarray:
-        """Predicted requests of ``items`` in window ``t + 1``, from windows ``0..t`` only."""
+    def predict_at(
+        self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
+    ) -> np.ndarray:
+        """Predicted requests of ``items`` in window ``t + horizon``, from windows ``0..t``."""
         ...
 
 
@@ -179,13 +181,16 @@ class WalkForwardConfig:
     Each of ``budget_items`` is judged (one model prediction serves them all); ``budget_tokens``
     adds budgets in tokens, where items are taken by score while their cost (mean prompt tokens
     per request so far) fits. ``first_t`` is the first history end (default: a quarter of the
-    windows, at least 2); models are refit every ``refit_every`` steps.
+    windows, at least 2), ``last_t`` the last (default: the last with a target); models are
+    refit every ``refit_every`` steps. Each step ``t`` is judged on window ``t + horizon``.
     """
 
     budget_items: tuple[int, ...] = (100,)
     budget_tokens: tuple[int, ...] = ()
     first_t: int | None = None
     refit_every: int = 1
+    horizon: int = 1
+    last_t: int | None = None
 
     def budgets(self) -> list[tuple[str, int | None, int | None]]:
         """(label, items, tokens) for each budget."""
@@ -195,10 +200,12 @@ class WalkForwardConfig:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A walk-forward result: ``table`` per model, ``steps`` per model and step."""
+    """A walk-forward result: ``table`` per model, ``steps`` per model and step, and ``notes``
+    (e.g. which model the backtest selected)."""
 
     table: pd.DataFrame
     steps: pd.DataFrame
+    notes: tuple[str, ...] = ()
 
 
 def walk_forward(
@@ -208,13 +215,15 @@ def walk_forward(
 ) -> Evaluation:
     """Train on windows up to ``t``, predict ``t + 1``, judge, slide; see the module docstring."""
     first_t = config.first_t if config.first_t is not None else max(2, matrix.n_windows // 4)
-    if first_t >= matrix.n_windows - 1:
+    last_t = matrix.n_windows - 1 - config.horizon
+    last_t = last_t if config.last_t is None else min(last_t, config.last_t)
+    if first_t > last_t:
         raise BadInputError(
             f"{matrix.n_windows} windows leave nothing to test after the first {first_t + 1}",
             where="window",
         )
     rows: list[dict[str, object]] = []
-    for step, t in enumerate(range(first_t, matrix.n_windows - 1)):
+    for step, t in enumerate(range(first_t, last_t + 1)):
         if step % max(1, config.refit_every) == 0:
             for model in models.values():
                 model.fit(matrix, t)
@@ -229,18 +238,21 @@ def _judge_step(
     config: WalkForwardConfig,
     t: int,
 ) -> list[dict[str, object]]:
-    actual = matrix.requests[:, t + 1].astype(np.float64)
+    target = t + config.horizon
+    actual = matrix.requests[:, target].astype(np.float64)
     seen = matrix.seen_by(t)
-    scored = np.union1d(seen, np.flatnonzero(actual > 0))
-    predictions = {name: _predicted(matrix, model, t, seen) for name, model in models.items()}
-    cost = _item_cost(matrix, t)
+    scored = np.flatnonzero((matrix.first_seen <= t) | (actual > 0))  # sorted, as union1d gives
+    predictions = {
+        name: _predicted(matrix, model, t, seen, config.horizon) for name, model in models.items()
+    }
+    cost = _item_cost(matrix, t, target)
     rows = []
     for label, items, tokens in config.budgets():
         pick = _picker(items, tokens, cost)
         base = {
             "budget": label,
             "t": t,
-            "window_start": matrix.window_start(t + 1),
+            "window_start": matrix.window_start(target),
             "total": float(actual.sum()),
             "oracle": float(actual[pick(np.arange(matrix.n_items), actual)].sum()),
             "history_oracle": float(actual[pick(seen, actual[seen])].sum()),
@@ -260,19 +272,23 @@ def _judge_step(
 
 
 def _predicted(
-    matrix: CountMatrix, model: HotnessPredictor, t: int, seen: np.ndarray
+    matrix: CountMatrix, model: HotnessPredictor, t: int, seen: np.ndarray, horizon: int = 1
 ) -> np.ndarray:
     """Predictions for every item (0 for items not seen yet)."""
     predicted = np.zeros(matrix.n_items)
-    predicted[seen] = np.asarray(model.predict_at(matrix, t, seen), dtype=np.float64)
+    if horizon == 1:  # the protocol's default: models written before horizons still fit
+        values = model.predict_at(matrix, t, seen)
+    else:
+        values = model.predict_at(matrix, t, seen, horizon)
+    predicted[seen] = np.asarray(values, dtype=np.float64)
     return predicted
 
 
-def _item_cost(matrix: CountMatrix, t: int) -> np.ndarray:
-    """Mean prompt tokens per request of each item: up to ``t`` if seen, else in ``t + 1``."""
+def _item_cost(matrix: CountMatrix, t: int, target: int) -> np.ndarray:
+    """Mean prompt tokens per request of each item: up to ``t`` if seen, else in ``target``."""
     past_requests = matrix.requests[:, : t + 1].sum(axis=1)
     past = matrix.prompt_tokens[:, : t + 1].sum(axis=1) / np.maximum(past_requests, 1)
-    upcoming = matrix.prompt_tokens[:, t + 1] / np.maximum(matrix.requests[:, t + 1], 1)
+    upcoming = matrix.prompt_tokens[:, target] / np.maximum(matrix.requests[:, target], 1)
     return np.where(past_requests > 0, past, upcoming)
 
 
@@ -282,6 +298,8 @@ def _picker(
     """A function choosing the warmed items among ``candidates`` from their ``scores``."""
 
     def pick(candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if tokens is None and items is not None and 0 < items < len(candidates):
+            return candidates[_top(scores, items)]
         order = candidates[np.argsort(-scores, kind="stable")]
         if tokens is None:
             return order[:items]
@@ -289,6 +307,14 @@ def _picker(
         return order[np.cumsum(cost[order]) <= tokens]
 
     return pick
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest scores, ties taken by position (what a stable sort gives)
+    — a partition instead of a sort of ~180,000 scores."""
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    above = np.flatnonzero(scores > kth)
+    return np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
 
 
 def summarise(steps: pd.DataFrame) -> pd.DataFrame:

@@ -1,9 +1,12 @@
 """Model tasks: retrain the hotness forecaster, and predict the next window with the current one.
 
-``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None)`` fits
-:class:`models.forecaster.HotnessForecaster` on a counts table (the ``counts.parquet`` an
-ingest writes, by default the newest one under ``<data_dir>/ingest``; a ``windows.parquet`` works
-too) and saves it as a new version under ``<data_dir>/models/<name>``. Retraining on the same
+``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None,
+budget=None)`` selects the hotness model on a counts table (the ``counts.parquet`` an ingest
+writes, by default the newest one under ``<data_dir>/ingest``; a ``windows.parquet`` works too):
+:class:`models.selection.SelectedForecaster` backtests the baselines, blends and LightGBM's
+objectives on the latest windows at the plan's item budget (``budget``, default the settings'
+``budget.max_items``), and the winner is saved as a new version under
+``<data_dir>/models/<name>`` with its backtest table in the metadata. Retraining on the same
 counts file with the same code returns the current version instead of adding one, so a
 redelivered message is harmless.
 
@@ -22,8 +25,9 @@ from typing import Any
 import pandas as pd
 from celery import shared_task
 
-from models.forecaster import SAVED_NAME, HotnessForecaster
+from models.forecaster import SAVED_NAME
 from models.persistence import code_version, load_model, read_saved, save_model
+from models.selection import SelectedForecaster, selection_metadata
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 from tasks.settings import current_settings
@@ -74,8 +78,9 @@ def retrain(
     name: str = SAVED_NAME,
     data_dir: str | None = None,
     kind: str | None = None,
+    budget: int | None = None,
 ) -> dict[str, Any]:
-    """Fit the forecaster on a counts table and save it as the current version."""
+    """Select the hotness model on a counts table by backtest; save the winner as current."""
     base = _data_dir(data_dir)
     path = Path(counts_path) if counts_path else newest_counts(base)
     root, source = base / "models", _digest(path)
@@ -83,10 +88,14 @@ def retrain(
     if reused is not None:
         return reused
     started = time.monotonic()
-    model = HotnessForecaster().fit(CountMatrix.from_counts(_counts(path), kind=kind))
-    folder = save_model(model, root, name, extra={"source": source, "kind": kind})
+    items = budget or current_settings().budget.max_items
+    selected = SelectedForecaster(budgets=(items,))
+    selected.fit(CountMatrix.from_counts(_counts(path), kind=kind))
+    extra = {"source": source, "kind": kind, **selection_metadata(selected)}
+    folder = save_model(selected.winner_, root, name, extra=extra)
     return {"version": folder.name, "path": str(folder), "reused": False,
-            "rows": model.n_training_rows_, "trained_until": model.trained_until_.isoformat(),
+            "winner": selected.winner_name_, "note": selected.note_,
+            "trained_until": selected.trained_until_.isoformat(),
             "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
 
 

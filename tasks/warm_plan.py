@@ -55,17 +55,21 @@ def _prediction_map(predicted: pd.DataFrame) -> dict[str, float]:
     return dict(zip(keys, values, strict=True))
 
 
-def saved_forecast(prefixes: pd.DataFrame, models_root: Path) -> dict[str, float] | None:
-    """Predictions of the current saved forecaster (``prewarm.model.retrain``), or None when
-    there is none or it cannot be used by this code (it is then refitted)."""
-    from models.forecaster import SAVED_NAME, HotnessForecaster
-    from models.persistence import load_model
+def saved_forecast(
+    prefixes: pd.DataFrame, models_root: Path
+) -> tuple[dict[str, float], str] | None:
+    """Predictions of the current saved forecaster (``prewarm.model.retrain``'s backtest
+    winner) and its note, or None when there is none or it cannot be used by this code (it
+    is then refitted)."""
+    from models.forecaster import SAVED_NAME
+    from models.selection import load_selected
 
     if not (models_root / SAVED_NAME).exists():
         return None
     try:
-        model = load_model(models_root, SAVED_NAME, kind=HotnessForecaster.name)
-        return _prediction_map(model.predict_next(prefixes, kind="prefix"))
+        saved = load_selected(models_root, SAVED_NAME)
+        predicted = _prediction_map(saved.model.predict_next(prefixes, kind="prefix"))
+        return predicted, "saved" if saved.winner is None else f"saved, winner={saved.winner}"
     except (PrewarmError, KeyError, ValueError) as exc:
         log.info("saved forecaster unusable (%s); fitting one", exc)
         return None
@@ -87,7 +91,7 @@ def learned_forecast(
         prefixes = counts[counts["item_kind"] == "prefix"]
         saved = saved_forecast(prefixes, models_root) if models_root is not None else None
         if saved is not None:
-            return saved, "saved"
+            return saved
         if prefixes["window_start"].nunique() < MIN_WINDOWS_FOR_MODEL:
             return None
         model = HotnessForecaster().fit(CountMatrix.from_counts(prefixes, kind="prefix"))

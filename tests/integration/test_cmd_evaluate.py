@@ -41,8 +41,9 @@ def test_evaluate_prints_every_model_and_budget_as_json_and_plots(mooncake_slice
     table = pd.DataFrame(payload["table"])
     assert set(table["budget"]) == {"10 items", "50 items"}
     assert set(table["model"]) == {
-        "last_window", "moving_average", "ewma", "seasonal_naive", "lightgbm",
+        "last_window", "moving_average", "ewma", "seasonal_naive", "lightgbm", "selected",
     }  # fmt: skip
+    assert payload["notes"] and payload["notes"][0].startswith("selected by backtest at each of")
     assert (table["captured_share"] <= table["history_oracle_share"] + 1e-12).all()
     assert (table["history_oracle_share"] <= table["oracle_share"] + 1e-12).all()
     assert (table["mae"] >= 0).all()
@@ -69,6 +70,7 @@ def test_evaluate_reads_an_ingest_folder_and_prints_a_table(tmp_path, capsys):
     code, out, err = run_in_process(capsys, "evaluate", str(tmp_path), *options)
     assert code == 0, err
     assert "lightgbm" in out and "of history oracle" in out
+    assert "selected by backtest at each of" in out
     assert "6 items x 144 windows of 20min" in out
 
 

@@ -27,13 +27,18 @@ def test_retrain_then_predict_through_a_worker(celery_worker, celery_app_configu
     def run(task: str, **kwargs: object) -> dict:
         return celery_app_configured.send_task(task, kwargs={**paths, **kwargs}).get(timeout=120)
 
-    trained = run("prewarm.model.retrain")
+    trained = run("prewarm.model.retrain", budget=3)
     assert trained["version"] == "v0001" and trained["reused"] is False
-    assert trained["rows"] > 0
     meta = json.loads((tmp_path / "data/models/hotness/v0001/metadata.json").read_text())
-    assert meta["kind"] == "lightgbm" and meta["extra"]["source"]
+    selection = meta["extra"]["selection"]
+    assert meta["extra"]["source"] and selection["winner"] == trained["winner"]
+    # the saved kind is the winner's, and every candidate's backtest row is kept with it
+    table = {row["model"]: row for row in selection["table"]}
+    assert meta["kind"] == table[trained["winner"]]["kind"]
+    assert {"last_window", "ewma", "lightgbm_poisson"} <= set(table)
+    assert selection["budgets"] == [3]
 
-    again = run("prewarm.model.retrain")
+    again = run("prewarm.model.retrain", budget=3)
     assert again == {"version": "v0001", "path": trained["path"], "reused": True}
 
     answer = run("prewarm.model.predict", top=3)

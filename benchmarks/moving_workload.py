@@ -1,0 +1,385 @@
+"""Warm-up after a restart on a workload whose popularity moves with the day — on a model of
+vLLM's block pool (:class:`benchmarks.engines.cache_model.FreeQueueCache`), not the engine.
+
+Templates (long shared prompt heads, 600-1500 tokens of seeded token ids, each request adding a
+15-40-token user part) get their request rates from real ServeGen clients' 10-minute series, one
+client per template: the ``--templates`` busiest clients of ``--clients DIR`` (any folder of
+ServeGen ``chunk-*-trace.csv`` files), scaled so that a window has ``--requests`` requests on
+average. Every window's requests are Poisson draws of those rates in a random order; the draws
+before a restart are the history every arm plans from (what the logs hold).
+
+A restart happens at a window ``R`` (``--restarts`` of them per downtime, at random times of day
+over the last week of the series), after a downtime of 0, 60 or 180 minutes: the last window
+logged is ``R - 1 - downtime``. The engine comes back with an empty cache that holds about half
+of a window's working set (the heads of the templates a window uses); each arm primes whole
+heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Arms:
+
+* ``prewarm`` — :class:`models.selection.SelectedForecaster` at the restart's horizon
+  (``downtime + 1`` windows ahead), selected by backtest on the history before the restart's
+  day (``--refit-days``, default 1: retrained daily; 7: one selection on the first week for
+  every restart in the second), fills the cache by its forecast from the history up to the
+  last logged window;
+* ``resend_logged`` — re-send the last logged window's requests, in their order;
+* ``prime_all_seen`` — prime every template seen in the history, most recently used last;
+* ``whole_history`` / ``last_window`` — fill by the whole history's / the last logged window's
+  counts;
+* ``peeking`` — fill by the true request counts of window ``R`` (not their order): the best a
+  warm-up that is not clairvoyant can hope for;
+* ``oracle`` — clairvoyant: the heads in the order of their first use in window ``R``;
+* ``cold`` — no warm-up (what "prefill tokens saved" is counted against).
+
+Every count-based arm (prewarm, both popularities, peeking) plans with the same planner: each
+template's chance of a first use in window ``R`` (``1 - exp(-rate)`` from its forecast or count;
+for peeking, whether it is used at all), taken by chance per cache block while the heads fit,
+the likeliest primed last (the block pool is an LRU); only what they know differs.
+
+Metrics, over the restarts: first uses served from cache (a template's first
+request in window ``R`` finds its head cached) and prefill tokens saved in window ``R`` against
+the cold start; each arm's first-use hits also as a share of the peeking arm's. Usage::
+
+    python benchmarks/moving_workload.py [--clients DIR] [--restarts 200] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.engines.cache_model import FreeQueueCache
+from benchmarks.engines.engine import CPU_BLOCK_TOKENS
+from models.selection import SelectedForecaster
+from pipeline.evaluation import CountMatrix
+from pipeline.ingest.traces import read_servegen
+
+DEFAULT_CLIENTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "servegen"
+WINDOW = pd.Timedelta(minutes=10)
+PER_DAY = 144
+DOWNTIMES_MIN = (0, 60, 180)
+NON_PEEKING = ("resend_logged", "prime_all_seen", "whole_history", "last_window")
+ARMS = ("prewarm", *NON_PEEKING, "peeking", "oracle", "cold")
+VOCABULARY = 32_000
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Token ids of each template's head, and the clients they follow."""
+
+    heads: list[list[int]]
+    clients: list[str]
+
+    def blocks(self, index: int) -> int:
+        """Blocks a priming request of the head takes (with its one output token)."""
+        return math.ceil((len(self.heads[index]) + 1) / CPU_BLOCK_TOKENS)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-window request counts of each template (draws) and the templates."""
+
+    templates: Templates
+    counts: np.ndarray  # (templates, windows) int
+    start: pd.Timestamp
+    capacity: int  # usable blocks of the engine's cache
+
+    def matrix(self) -> CountMatrix:
+        """The logged counts as the forecaster reads them."""
+        items, windows = np.nonzero(self.counts)
+        frame = pd.DataFrame({
+            "item_kind": "template",
+            "item_key": [self.templates.clients[i] for i in items],
+            "window_start": self.start + WINDOW * windows,
+            "requests": self.counts[items, windows],
+        })  # fmt: skip
+        return CountMatrix.from_counts(frame, window=WINDOW)
+
+
+def client_rates(folder: Path, n_templates: int) -> tuple[list[str], np.ndarray, pd.Timestamp]:
+    """The ``n_templates`` busiest clients of ``folder`` and their requests per window."""
+    counts = read_servegen(folder)
+    if counts.empty:
+        raise SystemExit(f"{folder}: no ServeGen chunk-*-trace.csv requests")
+    matrix = CountMatrix.from_counts(counts, window=WINDOW)
+    busiest = np.argsort(-matrix.requests.sum(axis=1), kind="stable")[:n_templates]
+    names = [str(k) for k in matrix.items["item_key"].iloc[busiest]]
+    return names, matrix.requests[busiest].astype(np.float64), matrix.start
+
+
+def build_workload(folder: Path, n_templates: int, requests: float, seed: int) -> Workload:
+    """Templates following the busiest clients' series, scaled to ``requests`` per window."""
+    rng = np.random.default_rng(seed)
+    names, rates, start = client_rates(folder, n_templates)
+    scale = requests / max(rates.sum(axis=0).mean(), 1e-9)
+    counts = rng.poisson(rates * scale)
+    heads = [
+        [int(x) for x in rng.integers(1, VOCABULARY, size=int(rng.integers(600, 1501)))]
+        for _ in names
+    ]
+    templates = Templates(heads, names)
+    used = counts > 0
+    working = np.array([sum(templates.blocks(i) for i in np.flatnonzero(c)) for c in used.T])
+    capacity = max(round(float(working[working > 0].mean()) / 2), 14)
+    return Workload(templates, counts, start, capacity)
+
+
+def window_requests(workload: Workload, w: int, rng: random.Random) -> list[tuple[int, list[int]]]:
+    """Window ``w``'s requests in a random order: (template, prompt token ids)."""
+    picks = [i for i, n in enumerate(workload.counts[:, w]) for _ in range(int(n))]
+    rng.shuffle(picks)
+    users = [[rng.randrange(1, VOCABULARY) for _ in range(rng.randint(15, 40))] for _ in picks]
+    return [(i, workload.templates.heads[i] + u) for i, u in zip(picks, users, strict=True)]
+
+
+def fill_by_value(workload: Workload, value: np.ndarray, rng: random.Random) -> list[list[int]]:
+    """The planner every count-based arm shares: ``value`` is each template's chance of a
+    first use in the window; templates are taken by value per cache block (a small head that
+    will surely be used beats a big one), while they fit, and the most valuable primed last."""
+    blocks = np.array([workload.templates.blocks(i) for i in range(len(value))], dtype=float)
+    chosen, used = [], 0
+    for index in by_score(value / blocks, rng):
+        if used + blocks[index] <= workload.capacity:
+            chosen.append(index)
+            used += int(blocks[index])
+    chosen.sort(key=lambda i: value[i])
+    return [workload.templates.heads[i] for i in chosen]
+
+
+def first_use_chance(rate: np.ndarray) -> np.ndarray:
+    """Chance of at least one request in a window at a Poisson ``rate``."""
+    return 1.0 - np.exp(-np.maximum(rate, 0.0))
+
+
+def by_score(scores: np.ndarray, rng: random.Random) -> list[int]:
+    """Templates with a positive score, best first (ties in a random order)."""
+    keys = {i: rng.random() for i in range(len(scores))}
+    return sorted(np.flatnonzero(scores > 0).tolist(), key=lambda i: (-scores[i], keys[i]))
+
+
+def replay(workload: Workload, priming: Sequence[Sequence[int]], future: Sequence) -> tuple:
+    """Prime, then serve ``future``: (first uses with a hit, cached prompt tokens)."""
+    cache = FreeQueueCache(blocks=workload.capacity)
+    for ids in priming:
+        cache.request(ids, 1)
+    seen: set[int] = set()
+    hits = tokens = 0
+    for template, ids in future:
+        cached = cache.request(ids, 4)
+        tokens += cached
+        if template not in seen:
+            seen.add(template)
+            hits += cached > 0
+    return hits, tokens
+
+
+@dataclass
+class Restart:
+    """One restart: the window ``R``, the downtime in windows, and the last logged window."""
+
+    window: int
+    downtime: int
+
+    @property
+    def last_logged(self) -> int:
+        return self.window - 1 - self.downtime
+
+
+def primings(
+    workload: Workload,
+    restart: Restart,
+    forecast: np.ndarray,
+    future: list[tuple[int, list[int]]],
+    rng: random.Random,
+) -> dict[str, list[list[int]]]:
+    """What each arm sends before window ``R`` is replayed."""
+    history = workload.counts[:, : restart.last_logged + 1]
+    last = history[:, -1]
+    seen_at = np.where(history > 0, np.arange(history.shape[1]), -1).max(axis=1)
+    recent_first = by_score(seen_at + 1.0, rng)
+    logged = window_requests(workload, restart.last_logged, random.Random(rng.random()))
+    truth = workload.counts[:, restart.window].astype(float)
+    first_use = list(dict.fromkeys(t for t, _ in future))
+    mean_rate = history.sum(axis=1) / history.shape[1]
+    return {
+        "prewarm": fill_by_value(workload, first_use_chance(forecast), rng),
+        "resend_logged": [ids for _, ids in logged],
+        "prime_all_seen": [workload.templates.heads[i] for i in reversed(recent_first)],
+        "whole_history": fill_by_value(workload, first_use_chance(mean_rate), rng),
+        "last_window": fill_by_value(workload, first_use_chance(last.astype(float)), rng),
+        "peeking": fill_by_value(workload, (truth > 0).astype(float), rng),
+        "oracle": _oracle(workload, first_use),
+        "cold": [],
+    }
+
+
+def _oracle(workload: Workload, first_use: Sequence[int]) -> list[list[int]]:
+    """Heads in first-use order while they fit (stops at the first that does not)."""
+    chosen, used = [], 0
+    for index in first_use:
+        blocks = workload.templates.blocks(index)
+        if used + blocks > workload.capacity:
+            break
+        chosen.append(index)
+        used += blocks
+    return [workload.templates.heads[i] for i in reversed(chosen)]
+
+
+class Forecasts:
+    """prewarm's forecasts: one selection per (day, horizon), fitted on the days before."""
+
+    def __init__(self, workload: Workload, budget: tuple[int, ...], refit_days: int) -> None:
+        self.matrix = workload.matrix()
+        self.refit_days = refit_days
+        self.order = _item_order(self.matrix, workload.templates.clients)
+        self.budget = budget
+        self.selected: dict[tuple[int, int], SelectedForecaster] = {}
+        self.seconds: list[float] = []
+
+    def at(self, restart: Restart) -> np.ndarray:
+        """Predicted requests of each template in window ``R``."""
+        horizon = restart.downtime + 1
+        day = restart.last_logged // PER_DAY
+        day -= (day - 7) % self.refit_days  # the first day of the restart's stretch
+        key = (day, horizon)
+        if key not in self.selected:
+            started = time.perf_counter()
+            until = day * PER_DAY - 1  # the history before that stretch
+            self.selected[key] = SelectedForecaster(self.budget, horizon=horizon).fit(
+                self.matrix, until
+            )
+            self.seconds.append(time.perf_counter() - started)
+        items = np.arange(self.matrix.n_items)
+        t = restart.last_logged
+        predicted = self.selected[key].predict_at(self.matrix, t, items, horizon)
+        out = np.zeros(len(self.order))
+        out[self.order] = predicted
+        return out
+
+    def winners(self) -> dict[int, dict[str, int]]:
+        """Per downtime (minutes): how often each candidate won."""
+        found: dict[int, dict[str, int]] = {}
+        for (_, horizon), model in self.selected.items():
+            per = found.setdefault((horizon - 1) * 10, {})
+            per[model.winner_name_] = per.get(model.winner_name_, 0) + 1
+        return found
+
+
+def _item_order(matrix: CountMatrix, clients: list[str]) -> np.ndarray:
+    """Template index of each matrix item."""
+    position = {name: i for i, name in enumerate(clients)}
+    return np.array([position[k] for k in matrix.items["item_key"]], dtype=np.int64)
+
+
+def restarts(workload: Workload, n: int, downtime: int, seed: int) -> list[Restart]:
+    """``n`` restart windows over the last week (a week of history before each)."""
+    rng = random.Random(f"{seed}-{downtime}")
+    first, last = 7 * PER_DAY + downtime + 1, workload.counts.shape[1] - 1
+    return [Restart(rng.randint(first, last), downtime) for _ in range(n)]
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    """Every arm on every restart; totals per downtime."""
+    workload = build_workload(args.clients, args.templates, args.requests, args.seed)
+    mean_blocks = np.mean([workload.templates.blocks(i) for i in range(args.templates)])
+    fits = max(1, int(workload.capacity // mean_blocks))  # heads of a mean size that fit
+    budget = tuple(max(1, round(fits * x)) for x in args.budget_multiples)
+    forecasts = Forecasts(workload, budget, args.refit_days)
+    per_downtime: dict[int, dict[str, object]] = {}
+    for minutes in args.downtimes:
+        totals = dict.fromkeys([*ARMS, "first_uses"], 0.0)
+        tokens = dict.fromkeys(ARMS, 0.0)
+        for n, restart in enumerate(restarts(workload, args.restarts, minutes // 10, args.seed)):
+            rng = random.Random(f"{args.seed}-{minutes}-{n}")
+            future = window_requests(workload, restart.window, rng)
+            totals["first_uses"] += len({t for t, _ in future})
+            plans = primings(workload, restart, forecasts.at(restart), future, rng)
+            for arm, priming in plans.items():
+                hits, cached = replay(workload, priming, future)
+                totals[arm] += hits
+                tokens[arm] += cached
+        saved = {arm: tokens[arm] - tokens["cold"] for arm in ARMS}
+        per_downtime[minutes] = {"restarts": args.restarts, "first_use_hits": totals,
+                                 "prefill_tokens_saved": saved}  # fmt: skip
+    results: dict[str, object] = {"clients": str(args.clients), "templates": args.templates,
+                                  "capacity_blocks": workload.capacity,
+                                  "per_downtime": per_downtime}  # fmt: skip
+    results["winners"] = forecasts.winners()
+    results["selection_seconds"] = {"n": len(forecasts.seconds),
+                                    "max": max(forecasts.seconds, default=0.0)}  # fmt: skip
+    return results
+
+
+def goals(row: dict[str, float]) -> dict[str, bool]:
+    """The benchmark's goals for one downtime's totals."""
+    best_other = max(row[arm] for arm in NON_PEEKING)
+    return {
+        "at_least_best_non_peeking": row["prewarm"] >= best_other,
+        "above_every_non_peeking": row["prewarm"] > best_other,
+        "at_least_90pct_of_peeking": row["prewarm"] >= 0.9 * row["peeking"],
+    }
+
+
+def print_results(console: Console, results: dict[str, object]) -> None:
+    """One table: first-use hits and prefill tokens saved per arm and downtime."""
+    per = results["per_downtime"]
+    assert isinstance(per, dict)
+    title = (f"moving workload on the block-pool model (a model of vLLM, not the engine): "
+             f"{results['templates']} templates from {results['clients']}, cache "
+             f"{results['capacity_blocks']} blocks")  # fmt: skip
+    out = Table(title=title)
+    out.add_column("arm")
+    for minutes in per:
+        out.add_column(f"{minutes} min: first-use hits", justify="right")
+        out.add_column("of peeking", justify="right")
+        out.add_column("tokens saved", justify="right")
+    for arm in ARMS[:-1]:
+        cells = []
+        for row in per.values():
+            hits, peek = row["first_use_hits"][arm], row["first_use_hits"]["peeking"]
+            cells += [f"{hits:,.0f}", f"{hits / max(peek, 1):.1%}",
+                      f"{row['prefill_tokens_saved'][arm]:,.0f}"]  # fmt: skip
+        out.add_row(arm, *cells)
+    console.print(out)
+    for minutes, row in per.items():
+        hits = row["first_use_hits"]
+        console.print(f"downtime {minutes} min: {row['restarts']} restarts, "
+                      f"{hits['first_uses']:,.0f} first uses; goals {goals(hits)}")  # fmt: skip
+    console.print(f"prewarm's backtest winners per downtime: {results['winners']}; "
+                  f"selections: {results['selection_seconds']}")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=Path, default=DEFAULT_CLIENTS / "m-large")
+    parser.add_argument("--templates", type=int, default=24)
+    parser.add_argument("--requests", type=float, default=60.0, help="mean requests per window")
+    parser.add_argument("--restarts", type=int, default=200, help="per downtime")
+    parser.add_argument("--downtimes", type=int, nargs="+", default=list(DOWNTIMES_MIN))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-multiples", type=float, nargs="+", default=[1.0],
+                        help="prewarm selects at these multiples of what fits")  # fmt: skip
+    parser.add_argument("--refit-days", type=int, default=1, help="days between selections")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not args.clients.is_dir():
+        parser.error(f"--clients {args.clients}: not a folder")
+    results = run(args)
+    print_results(Console(width=160), results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Model selection by backtest: the winner is never worse than a baseline on later windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from models.baselines import baselines
+from models.features import FEATURE_NAMES, features_at
+from models.persistence import save_model
+from models.selection import (
+    SelectedForecaster,
+    choose,
+    load_selected,
+    saved_selection,
+    selection_metadata,
+)
+from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
+from tests.unit.models.series import counts_from_matrix, daily_series
+
+WINDOW = pd.Timedelta(minutes=10)
+
+
+def _moving_day(items: int = 12, days: int = 4, seed: int = 1) -> np.ndarray:
+    """Tenants whose rate swings with the day, out of phase with each other: the top set
+    changes through the day, so recency alone lags behind it."""
+    rng = np.random.default_rng(seed)
+    phase = 2 * np.pi * np.arange(days * 144) / 144
+    shift = np.linspace(0, 2 * np.pi, items, endpoint=False)[:, None]
+    rate = 20 * (1 + 0.95 * np.sin(phase[None, :] + shift))
+    return rng.poisson(rate).astype(float)
+
+
+@pytest.fixture(scope="module")
+def moving() -> CountMatrix:
+    return CountMatrix.from_counts(counts_from_matrix(_moving_day(), WINDOW))
+
+
+def test_selected_model_is_no_worse_than_the_best_baseline_on_later_windows(moving):
+    # Selection sees only the history before each refit; it is judged on the windows after.
+    config = WalkForwardConfig(budget_items=(3,), first_t=2 * 144, refit_every=96)
+    table = walk_forward(moving, {**baselines(), "selected": SelectedForecaster((3,))}, config)
+    rows = table.table.set_index("model")
+    best_share = rows.loc[list(baselines()), "share_of_history_oracle"].max()
+    best_mae = rows.loc[list(baselines()), "mae"].min()
+    assert rows.loc["selected", "share_of_history_oracle"] >= best_share - 0.01
+    assert rows.loc["selected", "mae"] <= best_mae * 1.02
+
+
+def test_few_windows_compete_with_baselines_only_and_say_so():
+    matrix = CountMatrix.from_counts(counts_from_matrix(_moving_day(days=1)[:, :8], WINDOW))
+    selected = SelectedForecaster((3,)).fit(matrix)
+    assert not any(name.startswith("lightgbm") for name in selected.table_["model"])
+    assert "only" in selected.note_ and "too few for LightGBM" in selected.note_
+    assert selected.winner_name_ in set(selected.table_["model"])
+
+
+def test_a_long_history_lets_lightgbm_compete(moving):
+    selected = SelectedForecaster((3,)).fit(moving)
+    assert {"lightgbm_poisson", "lightgbm_median"} <= set(selected.table_["model"])
+    assert selected.winner_name_ == choose(selected.table_, selected.share_tolerance)
+
+
+def test_a_share_tie_goes_to_the_lower_mae_and_a_clear_lead_wins():
+    table = pd.DataFrame(
+        {"model": ["a", "b", "c"], "share": [0.80, 0.797, 0.70], "mae": [2.0, 1.5, 0.1]}
+    )
+    assert choose(table, share_tolerance=0.005) == "b"
+    assert choose(table, share_tolerance=0.001) == "a"
+
+
+def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
+    selected = SelectedForecaster((3,), learning=False).fit(moving)
+    save_model(selected.winner_, tmp_path, "hotness", extra=selection_metadata(selected))
+    saved = load_selected(tmp_path, "hotness")
+    assert saved.winner == selected.winner_name_
+    items = np.arange(moving.n_items)
+    t = moving.n_windows - 1
+    np.testing.assert_allclose(
+        saved.model.predict_at(moving, t, items), selected.predict_at(moving, t, items)
+    )
+    status = saved_selection(tmp_path, "hotness")
+    assert status is not None and status["winner"] == selected.winner_name_
+    assert {row["model"] for row in status["table"]} == set(selected.table_["model"])
+    assert saved_selection(tmp_path, "nothing") is None
+
+
+def test_a_longer_horizon_predicts_the_window_after_the_downtime(moving):
+    counts = counts_from_matrix(_moving_day(), WINDOW)
+    selected = SelectedForecaster((3,), horizon=6, learning=False).fit(moving)
+    ranking = selected.predict_next(counts, horizon=6)
+    assert ranking["window_start"].iloc[0] == moving.window_start(moving.n_windows - 1 + 6)
+    assert selected.report()["horizon"] == 6
+
+
+def test_day_profiles_need_a_day_of_history_and_never_read_ahead():
+    series = daily_series(items=4, days=3)
+    series[3, : 2 * 144] = 0  # item 3 starts on the last day: less than a day of history
+    series[3, 2 * 144 :] += 1
+    matrix = CountMatrix.from_counts(counts_from_matrix(series, WINDOW))
+    t = 2 * 144 + 100
+    hour = FEATURE_NAMES.index("hour_profile")
+    rows = features_at(matrix, t, np.arange(4))
+    assert np.isfinite(rows[:3, hour]).all() and np.isnan(rows[3, hour])
+    later = series.copy()
+    later[:, t + 1 :] *= 5
+    changed = CountMatrix.from_counts(counts_from_matrix(later, WINDOW))
+    np.testing.assert_array_equal(rows, features_at(changed, t, np.arange(4)))
+
+
+def test_the_planner_uses_the_saved_winner_and_names_it(tmp_path):
+    from models.forecaster import SAVED_NAME
+    from tasks.warm_plan import saved_forecast
+
+    counts = counts_from_matrix(_moving_day(days=2), WINDOW, kind="prefix")
+    matrix = CountMatrix.from_counts(counts, kind="prefix")
+    selected = SelectedForecaster((3,), learning=False).fit(matrix)
+    save_model(selected.winner_, tmp_path, SAVED_NAME, extra=selection_metadata(selected))
+    found = saved_forecast(counts, tmp_path)
+    assert found is not None
+    predicted, note = found
+    assert note == f"saved, winner={selected.winner_name_}"
+    assert len(predicted) == matrix.n_items
