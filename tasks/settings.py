@@ -25,6 +25,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _no_control_characters(value: str) -> str:
+    # A CR or LF in a URL would split an HTTP request line or a Redis command; httpx and
+    # redis-py would refuse it later with a traceback, so it is refused here, naming the key.
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ValueError(f"contains a control character ({bad!r}); URLs may not")
+    return value
+
+
 class EngineSettings(_Section):
     """One engine replica prewarm may warm. URLs come only from here, never from input data."""
 
@@ -42,6 +51,7 @@ class EngineSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        _no_control_characters(value)
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
@@ -56,6 +66,11 @@ class TemplateRepoSettings(_Section):
     patterns: tuple[str, ...] = ("**/*.jinja", "**/*.j2", "**/tokenizer_config.json", "**/*.py")
     webhook_secret: SecretStr | None = None
     model: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _clean_url(cls, value: str) -> str:
+        return _no_control_characters(value)
 
 
 class BudgetSettings(_Section):
@@ -104,9 +119,18 @@ class Settings(_Section):
     schedule: ScheduleSettings = ScheduleSettings()
     tenants: tuple[TenantSettings, ...] = ()
 
-    @field_validator("redis_url")
+    @field_validator("result_url")
     @classmethod
-    def _redis_scheme(cls, value: str) -> str:
+    def _clean_result_url(cls, value: str | None) -> str | None:
+        # Any Celery result backend URL; only control characters are refused.
+        return None if value is None else _no_control_characters(value)
+
+    @field_validator("redis_url", "store_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _no_control_characters(value)
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return value
