@@ -14,7 +14,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import SettingsError
 
@@ -109,7 +117,10 @@ class Settings(_Section):
     store_url: str | None = None
     data_dir: Path = Path(".prewarm")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    visibility_timeout_s: int = Field(3600, ge=60)
+    # Chosen together: a plan whose worker died resumes within one lease plus one sweep
+    # (tasks.warm); the broker's visibility timeout only re-delivers the lost message later,
+    # and must outlast the longest batch and a retry's countdown of three leases.
+    visibility_timeout_s: int = Field(900, ge=60)
     wal_lease_s: int = Field(30, ge=1)
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=1, le=65535)
@@ -134,6 +145,16 @@ class Settings(_Section):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_leases(self) -> Settings:
+        if self.visibility_timeout_s < 10 * self.wal_lease_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must be at least 10 × "
+                f"wal_lease_s ({self.wal_lease_s}): a batch retried after three leases must "
+                "not be redelivered while it waits"
+            )
+        return self
 
     @property
     def store_redis_url(self) -> str:
