@@ -42,10 +42,11 @@ ROUNDS = 10
 LEASE_S = 1
 SWEEP_S = 1
 BATCHES, PER_BATCH = 6, 2
-# The sweep's own run and the thread waking up, on a loaded 2-core machine.
-SWEEP_SLACK_S = 0.5
-# A live worker taking the re-queued message off the broker and starting the batch.
-PICKUP_SLACK_S = 1.5
+# Redis expiry and the keeper's renewals of claim, plan and lease are milliseconds apart.
+EXPIRY_MARGIN_S = 0.1
+# An idle live worker taking the re-queued message and starting the batch, on a shared 2-core
+# machine that ran at load 6 to 25 while this was written.
+PICKUP_SLACK_S = 5.0
 
 
 class Sweeper(threading.Thread):
@@ -56,15 +57,20 @@ class Sweeper(threading.Thread):
         self.settings, self.period_s = settings, period_s
         self.stopped = threading.Event()
         self.errors: list[BaseException] = []
+        # Every sweep: when it began (wall clock) and the plans it resumed.
+        self.sweeps: list[tuple[float, frozenset[str]]] = []
 
     def run(self) -> None:
         start = time.monotonic()
         tick = 0
         while not self.stopped.is_set():
+            began = time.time()
             try:
-                recover_and_resume(settings=self.settings)
+                result = recover_and_resume(settings=self.settings)
             except Exception as exc:  # reported by the test, not swallowed
                 self.errors.append(exc)
+            else:
+                self.sweeps.append((began, frozenset(r["plan"] for r in result["resumed"])))
             tick += 1
             self.stopped.wait(max(0.0, start + tick * self.period_s - time.monotonic()))
 
@@ -85,11 +91,11 @@ def config(sim: SimulatorServer, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture
-def settings(config: Path, celery_app_configured, store) -> Iterator[Settings]:
+def sweeper(config: Path, celery_app_configured, store) -> Iterator[Sweeper]:
     settings = settings_for(config)
     sweeper = Sweeper(settings, settings.schedule.wal_sweep_s)
     sweeper.start()
-    yield settings
+    yield sweeper
     sweeper.stopped.set()
     sweeper.join(10)
     assert not sweeper.errors, sweeper.errors
@@ -108,7 +114,7 @@ class Workers:
         worker = WorkerProcess(log, env=env, concurrency=1, queues=self.queue)
         self.alive.append(worker)
         if wait:
-            worker.wait_ready()
+            worker.wait_ready(120)
         return worker
 
     def owning(self, pool_pid: int) -> WorkerProcess:
@@ -195,7 +201,8 @@ def _first_start_after(store: redis.Redis, plan_id: str, moment: float) -> float
     return min(later)
 
 
-def _kill_in_the_middle(workers: Workers, store, settings, rng, tag: str, restart: bool):
+def _kill_in_the_middle(workers: Workers, store, sweeper: Sweeper, rng, tag: str, restart: bool):
+    settings = sweeper.settings
     items = [response_item(i, f"{tag}") for i in range(BATCHES * PER_BATCH)]
     plan = plan_of(items, batch_size=PER_BATCH)
     options = WarmOptions(batch_size=PER_BATCH, ordered=True)
@@ -209,14 +216,19 @@ def _kill_in_the_middle(workers: Workers, store, settings, rng, tag: str, restar
     report = wait_plan(plan_id, 90, settings=settings, poll_s=0.05)
     assert report["done"] and report["committed"] == BATCHES, report
     reruns = _check_batches(store, plan, options)
-    bound = LEASE_S + SWEEP_S
-    if report["resumed"]:
-        assert report["resumed_at"] - killed_at <= bound + SWEEP_SLACK_S, (report, killed_at)
-    if not restart:
-        waited = _first_start_after(store, plan_id, killed_at) - killed_at
-        assert waited <= bound + SWEEP_SLACK_S + PICKUP_SLACK_S, (waited, report)
-    replacement.wait_ready()
-    return {"batch": batch, "resumed": report["resumed"], "reruns": reruns}
+    resumed_by = [began for began, plans in sweeper.sweeps if plan_id in plans]
+    assert report["resumed"] >= len(resumed_by) >= (1 if report["resumed"] else 0), report
+    if resumed_by:
+        # No plan waits longer than the WAL lease plus one sweep: it is resumed by the first
+        # sweep that begins once the lease of its dead worker has run out.
+        due = min(b for b, _ in sweeper.sweeps if b > killed_at + LEASE_S + EXPIRY_MARGIN_S)
+        assert resumed_by[0] <= due, (resumed_by, due, killed_at)
+        if not restart:
+            waited = _first_start_after(store, plan_id, killed_at) - resumed_by[0]
+            assert waited <= PICKUP_SLACK_S, (waited, report)
+    replacement.wait_ready(120)
+    waited = round(resumed_by[0] - killed_at, 2) if resumed_by else None
+    return {"batch": batch, "resumed": report["resumed"], "reruns": reruns, "wait_s": waited}
 
 
 # Each kill costs a worker start (~20 s of imports on a loaded 2-core machine): the default
@@ -229,28 +241,30 @@ ROUND_COUNTS = [
 
 @pytest.mark.parametrize("rounds", ROUND_COUNTS)
 def test_an_ordered_plan_survives_its_worker_killed_whole_with_a_second_worker(
-    workers, store, settings, rounds
+    workers, store, sweeper, rounds
 ):
     workers.start()
     workers.start()
     rng = random.Random(16)
     seen = [
-        _kill_in_the_middle(workers, store, settings, rng, f"second{n}", restart=False)
+        _kill_in_the_middle(workers, store, sweeper, rng, f"second{n}", restart=False)
         for n in range(rounds)
     ]
     # The kills landed inside batches, so the plans were resumed by the sweep, not the broker.
+    print("rounds (batch killed, times resumed, re-runs, kill → resume in s):", seen)
     assert sum(1 for r in seen if r["resumed"]) >= rounds // 2, seen
 
 
 @pytest.mark.parametrize("rounds", ROUND_COUNTS)
 def test_an_ordered_plan_survives_its_only_worker_killed_and_restarted(
-    workers, store, settings, rounds
+    workers, store, sweeper, rounds
 ):
     workers.start()
     rng = random.Random(61)
     seen = [
-        _kill_in_the_middle(workers, store, settings, rng, f"only{n}", restart=True)
+        _kill_in_the_middle(workers, store, sweeper, rng, f"only{n}", restart=True)
         for n in range(rounds)
     ]
     # Only a kill racing the batch's very end (its next message already sent) needs no resume.
+    print("rounds (batch killed, times resumed, re-runs, kill → resume in s):", seen)
     assert sum(1 for r in seen if r["resumed"]) >= rounds - 1, seen
