@@ -6,6 +6,7 @@ prewarm's own tree, so ``prewarm`` prints one line naming what it could not reac
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any
@@ -44,6 +45,45 @@ def redacted(url: str) -> str:
     user, colon, _ = userinfo.partition(":")
     masked = f"{user}:***" if colon else "***"
     return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+# A URL's user part inside free text: scheme, then everything up to the last '@' of the
+# authority (no '/', whitespace, quote or '@' before it).
+_URL_IN_TEXT = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/\s@'\"<>]+)@")
+
+
+def redact_text(text: str) -> str:
+    """Every URL in ``text`` with its password masked (as :func:`redacted` shows one URL)."""
+    if "://" not in text or "@" not in text:
+        return text
+
+    def mask(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return match.group(1) + (f"{user}:***@" if colon else "***@")
+
+    return _URL_IN_TEXT.sub(mask, text)
+
+
+def redact_logged_urls() -> None:
+    """Mask URL passwords in every log record of this process (httpx logs each request's full
+    URL at INFO, user and password included). Installed once; repeating it is harmless."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "redacts_urls", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed call; logging reports it later
+            return record
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return record
+
+    factory.redacts_urls = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def _reason(exc: BaseException) -> str:

@@ -82,3 +82,27 @@ def test_control_character_in_a_command_line_url_is_one_line():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert SECRET not in result.stderr
+
+
+def test_a_worker_never_logs_an_engine_password(sim, tmp_path, celery_app_configured):
+    from tasks.targets.base import WarmOptions
+    from tasks.warm import submit_plan, wait_plan
+    from tests.conftest import WorkerProcess, worker_env
+    from tests.integration.warm.conftest import plan_of, prefix_item, settings_for, write_config
+
+    config = write_config(tmp_path / "prewarm.toml", _with_credentials(sim.url))
+    queue = f"secrets-{os.getpid()}"
+    worker = WorkerProcess(
+        tmp_path / "worker.log", env=worker_env({"PREWARM_CONFIG": str(config)}), queues=queue
+    )
+    try:
+        worker.wait_ready(120)
+        plan = plan_of([prefix_item(n, "secret") for n in range(2)])
+        settings = settings_for(config)
+        plan_id = submit_plan(plan, settings=settings, options=WarmOptions(), queue=queue)
+        assert wait_plan(plan_id, 60, settings=settings)["committed"] == 1
+    finally:
+        worker.stop()
+    log = worker.log_text()
+    assert "HTTP Request" in log and "ops:***@127.0.0.1" in log  # httpx logs every request
+    assert SECRET not in log

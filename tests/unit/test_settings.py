@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.errors import SettingsError
-from tasks.connections import redacted
+from tasks.connections import redact_logged_urls, redacted
 from tasks.settings import load_settings
 
 
@@ -103,3 +103,21 @@ def test_store_url_must_be_redis():
 def test_redacted_masks_the_password(url, shown):
     assert redacted(url) == shown
     assert "s3cret" not in redacted(url) and "tok3n" not in redacted(url)
+
+
+def test_log_records_carry_urls_with_the_password_masked(caplog):
+    import logging
+
+    redact_logged_urls()
+    redact_logged_urls()  # installed once
+    with caplog.at_level(logging.INFO, logger="httpx"):
+        logging.getLogger("httpx").info(
+            'HTTP Request: %s %s "%s"', "GET", "http://ops:hunter2@vllm:8000/health", "200 OK"
+        )
+        logging.getLogger("tasks.x").warning(
+            "retrying redis://:hunter2@redis:6379/0 and https://tok@h/"
+        )
+    text = caplog.text
+    assert "hunter2" not in text and "tok@" not in text
+    assert "http://ops:***@vllm:8000/health" in text and "redis://:***@redis:6379/0" in text
+    assert "https://***@h/" in text
