@@ -1,75 +1,39 @@
-"""The bounded Jinja2 sandbox: what a template may cost to parse and to render.
+"""The bounded Jinja2 sandbox: what a template may cost to render.
 
 Jinja2's :class:`ImmutableSandboxedEnvironment` stops templates from reaching Python's
 internals, but not from costing too much: ``{{ 9**(9**(9**9)) }}`` never returns, nested
-``range(100000)`` loops run for hours, 20,000 nested ``{% if %}`` overflow the parser's
-recursion. Here every template is checked before any of that work starts — size, nesting of
-tags and brackets (counted on the lexer's token stream, which does not recurse), number of
-tokens, depth of the parsed tree — and rendering runs with a deadline and budgets on range
-length, loop steps, powers, repetition, formatting widths and output length. Every refusal is
-a :class:`BadInputError` naming the template and line.
-
-``include``, ``import`` and ``extends`` resolve only through :class:`RepoLoader`: names are
-repository paths, checked at parse time (a constant name leaving the repository is refused
-before anything renders) and again when the loader is asked.
+``range(100000)`` loops run for hours. Here rendering runs with a deadline and budgets on
+template steps, range length, powers, repetition, formatting widths, string and output length;
+templates are checked first by :mod:`pipeline.template_limits`, and includes resolve only
+through its :class:`RepoLoader`. Every refusal is a :class:`BadInputError` naming the template
+and line.
 """
 
 from __future__ import annotations
 
-import posixpath
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
-from jinja2 import BaseLoader, Environment, TemplateNotFound, nodes
+from jinja2 import BaseLoader, TemplateNotFound, nodes
 from jinja2.compiler import CodeGenerator, Frame
-from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from pipeline.errors import BadInputError
+from pipeline.template_limits import (
+    DEFAULT_TEMPLATE_LIMITS,
+    TEMPLATE_FILE,
+    RepoLoader,
+    TemplateLimits,
+    where_of,
+)
 
 Clock = Callable[[], float]
-# Compiled templates' file names start with this: the render's tracer follows only them.
-_TEMPLATE_FILE = "<template "
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateLimits:
-    """What one template may cost.
-
-    Parse side: ``max_bytes`` of source, ``max_nesting`` of tags and brackets together (real
-    chat templates nest under 10; Jinja's parser recurses on brackets and overflows near 100,
-    and Python refuses compiled code nested more than 20 loops deep), ``max_tokens`` lexer
-    tokens and ``max_tree_depth`` of the parsed tree (the code generator recurses on it).
-    Render side: ``max_seconds`` of wall time, ``max_steps`` template lines executed,
-    ``max_range`` items per ``range()``, ``max_output_chars`` rendered (also the cap on any
-    string built along the way), ``max_power_bits`` of a power's result.
-    """
-
-    max_bytes: int = 1024 * 1024
-    max_nesting: int = 32
-    max_tokens: int = 100_000
-    max_tree_depth: int = 120
-    max_seconds: float = 2.0
-    max_steps: int = 2_000_000
-    max_range: int = 10_000
-    max_output_chars: int = 1_000_000
-    max_power_bits: int = 4096
-
-
-DEFAULT_TEMPLATE_LIMITS = TemplateLimits()
-
-_OPENING_TAGS = frozenset(
-    {"if", "for", "macro", "call", "filter", "block", "with", "autoescape", "trans"}
-)
-_OPENING_BRACKETS = frozenset("([{")
-_CLOSING_BRACKETS = frozenset(")]}")
-_REFERENCES = (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)
 # printf-style and str.format widths/precisions: a huge one allocates a huge string.
 _PRINTF_WIDTH = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _FORMAT_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
@@ -78,129 +42,6 @@ _DIGITS = re.compile(r"\d+")
 
 class _LimitExceeded(Exception):
     """Raised inside a render when a budget runs out (turned into a BadInputError)."""
-
-
-def _where(name: str, line: object) -> str:
-    return f"{name}:{line}"
-
-
-def repo_relative_path(path: str) -> str:
-    """``path`` normalised inside a repository; absolute paths and ``..`` are refused."""
-    if not path or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
-        raise BadInputError("absolute path leaves the repository", where=path or "(empty path)")
-    normal = posixpath.normpath(path.replace("\\", "/"))
-    if normal == ".." or normal.startswith("../"):
-        raise BadInputError("path leaves the repository", where=path)
-    return normal
-
-
-# --- before parsing -----------------------------------------------------------------------
-
-
-def check_source(source: str, name: str, limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS) -> None:
-    """Size, token count and nesting of ``source``, checked on the lexer's stream (no parse)."""
-    size = len(source.encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise BadInputError(
-            f"template of {size} bytes is over the limit of {limits.max_bytes}",
-            where=_where(name, 1),
-        )
-    tags = brackets = tokens = 0
-    after_block_begin = False
-    try:
-        for line, kind, value in Environment().lex(source):
-            tokens += 1
-            if tokens > limits.max_tokens:
-                raise BadInputError(
-                    f"template has over {limits.max_tokens} tokens", where=_where(name, line)
-                )
-            if kind == "whitespace":
-                continue
-            if after_block_begin and kind == "name":
-                tags += 1 if value in _OPENING_TAGS else (-1 if value.startswith("end") else 0)
-                tags = max(tags, 0)
-            after_block_begin = kind == "block_begin"
-            if kind == "operator" and value in _OPENING_BRACKETS:
-                brackets += 1
-            elif kind == "operator" and value in _CLOSING_BRACKETS:
-                brackets = max(brackets - 1, 0)
-            if tags + brackets > limits.max_nesting:
-                raise BadInputError(
-                    f"tags and brackets nested deeper than {limits.max_nesting}",
-                    where=_where(name, line),
-                )
-    except TemplateSyntaxError as exc:
-        where = _where(name, exc.lineno)
-        raise BadInputError(f"Jinja2 syntax error: {exc.message}", where=where) from exc
-
-
-def check_tree(
-    tree: nodes.Template, name: str, limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS
-) -> None:
-    """Depth of the parsed tree (walked with a stack, not recursion) and its references."""
-    stack: list[tuple[nodes.Node, int]] = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limits.max_tree_depth:
-            raise BadInputError(
-                f"expression or tags nested deeper than {limits.max_tree_depth}",
-                where=_where(name, getattr(node, "lineno", 1)),
-            )
-        if isinstance(node, _REFERENCES):
-            check_reference(node, name)
-        stack.extend((child, depth + 1) for child in node.iter_child_nodes())
-
-
-def _constant_names(expr: nodes.Expr) -> list[object]:
-    if isinstance(expr, nodes.Const):
-        return [expr.value]
-    if isinstance(expr, nodes.List | nodes.Tuple):
-        return [item.value for item in expr.items if isinstance(item, nodes.Const)]
-    return []  # computed at render time: the loader checks it then
-
-
-def check_reference(node: nodes.Node, name: str) -> None:
-    """An include/import/extends of a constant path must stay inside the repository."""
-    line = getattr(node, "lineno", 1)
-    for target in _constant_names(node.template):  # type: ignore[attr-defined]
-        if not isinstance(target, str):
-            raise BadInputError("template name must be a string", where=_where(name, line))
-        try:
-            repo_relative_path(target)
-        except BadInputError as exc:
-            raise BadInputError(
-                f"{type(node).__name__.lower()} of {target!r} refused: {exc}",
-                where=_where(name, line),
-            ) from exc
-
-
-# --- the loader ---------------------------------------------------------------------------
-
-
-class RepoLoader(BaseLoader):
-    """Templates by repository path from ``files`` (path → source), and nothing else.
-
-    A name leaving the repository is a :class:`BadInputError`; one that is not in ``files``
-    is not found. Every source it hands out passes :func:`check_source` first.
-    """
-
-    def __init__(
-        self, files: Mapping[str, str], limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS
-    ) -> None:
-        self.files, self.limits = dict(files), limits
-
-    def get_source(
-        self, environment: Environment, template: str
-    ) -> tuple[str, str | None, Callable[[], bool] | None]:
-        path = repo_relative_path(template)
-        if path not in self.files:
-            raise TemplateNotFound(template)
-        source = self.files[path]
-        check_source(source, path, self.limits)
-        return source, f"{_TEMPLATE_FILE}{path}>", lambda: True
-
-
-# --- rendering ----------------------------------------------------------------------------
 
 
 class _Budget:
@@ -431,7 +272,7 @@ def _traced(budget: _Budget, filename: str) -> Callable[[FrameType, str, Any], A
 
     def calls(frame: FrameType, event: str, arg: Any) -> Any:
         # Only templates' own compiled code is traced; library code runs untraced.
-        if event == "call" and frame.f_code.co_filename.startswith(_TEMPLATE_FILE):
+        if event == "call" and frame.f_code.co_filename.startswith(TEMPLATE_FILE):
             return line_events
         return None
 
@@ -453,7 +294,7 @@ def render_bounded(
     """
     budget = _Budget(limits, clock)
     env = BoundedSandbox(budget, RepoLoader(files or {}, limits))
-    filename = f"{_TEMPLATE_FILE}{name}>"
+    filename = f"{TEMPLATE_FILE}{name}>"
     out: list[str] = []
     length = 0
     previous = sys.gettrace()
@@ -468,18 +309,18 @@ def render_bounded(
             out.append(chunk)
     except BadInputError as exc:  # from the loader: an include refused or over a limit
         line = _template_line(exc.__traceback__, filename)
-        raise BadInputError(f"cannot render ({exc})", where=_where(name, line)) from exc
+        raise BadInputError(f"cannot render ({exc})", where=where_of(name, line)) from exc
     except SecurityError as exc:
         line = _template_line(exc.__traceback__, filename)
-        raise BadInputError(f"sandbox refused: {exc}", where=_where(name, line)) from exc
+        raise BadInputError(f"sandbox refused: {exc}", where=where_of(name, line)) from exc
     except TemplateNotFound as exc:
         line = _template_line(exc.__traceback__, filename)
         reason = f"no template {exc.name!r} in the repository"
-        raise BadInputError(f"cannot render ({reason})", where=_where(name, line)) from exc
+        raise BadInputError(f"cannot render ({reason})", where=where_of(name, line)) from exc
     except _RENDER_ERRORS as exc:
         line = getattr(exc, "lineno", None) or _template_line(exc.__traceback__, filename)
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise BadInputError(f"cannot render ({reason})", where=_where(name, line)) from exc
+        raise BadInputError(f"cannot render ({reason})", where=where_of(name, line)) from exc
     finally:
         sys.settrace(previous)
     return "".join(out)

@@ -30,15 +30,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pipeline.errors import BadInputError
 from pipeline.limits import TextLimits, load_json
-from pipeline.template_sandbox import (
+from pipeline.template_limits import (
     DEFAULT_TEMPLATE_LIMITS,
-    Clock,
     TemplateLimits,
     check_source,
     check_tree,
-    render_bounded,
     repo_relative_path,
 )
+from pipeline.template_sandbox import Clock, render_bounded
 
 __all__ = ["DEFAULT_TEMPLATE_LIMITS", "TemplateLimits", "repo_relative_path"]
 
@@ -218,12 +217,9 @@ def render(
     limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS,
     clock: Clock = time.monotonic,
 ) -> str:
-    """Render a Jinja2 template in the bounded sandbox (:mod:`pipeline.template_sandbox`).
-
-    ``files`` (repository path → source) is all that ``include``/``import``/``extends`` can
-    reach. Any failure the template causes — a budget (time, steps, range, power, output
-    size), a sandbox refusal, a type or arithmetic error — is a :class:`BadInputError` naming
-    the template and line.
+    """Render a Jinja2 template in the bounded sandbox (:mod:`pipeline.template_sandbox`);
+    ``files`` (repository path → source) is all ``include``/``import``/``extends`` can reach.
+    Any failure the template causes is a :class:`BadInputError` naming the template and line.
     """
     if template.kind == "python" and not any(m in template.source for m in _JINJA_MARKERS):
         raise BadInputError("not a Jinja2 template (a Python string)", where=template.template_id)
