@@ -35,7 +35,8 @@ class TemplateLimits:
     Parse side: ``max_bytes`` of source, ``max_nesting`` of tags and brackets together (real
     chat templates nest under 10; Jinja's parser recurses on brackets and overflows near 100,
     and Python refuses compiled code nested more than 20 loops deep), ``max_tokens`` lexer
-    tokens and ``max_tree_depth`` of the parsed tree (the code generator recurses on it).
+    tokens and ``max_tree_depth`` of the parsed tree (the code generator recurses on it, and
+    its constant folding grows steeply with depth: 100 nested ``not`` compile in over 1 s).
     Render side: ``max_seconds`` of wall time, ``max_steps`` template lines executed,
     ``max_range`` items per ``range()``, ``max_output_chars`` rendered (also the cap on any
     string built along the way), ``max_power_bits`` of a power's result.
@@ -44,7 +45,7 @@ class TemplateLimits:
     max_bytes: int = 1024 * 1024
     max_nesting: int = 32
     max_tokens: int = 100_000
-    max_tree_depth: int = 120
+    max_tree_depth: int = 64
     max_seconds: float = 2.0
     max_steps: int = 2_000_000
     max_range: int = 10_000

@@ -250,7 +250,7 @@ def _check_product(left: Any, right: Any, budget: _Budget) -> None:
 
 
 def _template_line(tb: TracebackType | None, filename: str) -> int | str:
-    line: int | str = "?"
+    line: int | str = 1  # no template frame: the failure is the template as a whole
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == filename:
             line = tb.tb_lineno
@@ -298,10 +298,13 @@ def render_bounded(
     out: list[str] = []
     length = 0
     previous = sys.gettrace()
-    sys.settrace(_traced(budget, filename))
     try:
+        # Compiled untraced: a tracer sees every call of Jinja's compiler, which made a
+        # 100-deep expression take seconds; the budget's clock already runs.
         code = env.compile(source, name, filename)
         template = env.template_class.from_code(env, code, env.make_globals(None))
+        budget.tick()
+        sys.settrace(_traced(budget, filename))
         for chunk in template.generate(**context):
             length += len(chunk)
             if length > limits.max_output_chars:
