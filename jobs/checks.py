@@ -1,6 +1,7 @@
 """``prewarm health …``: one check per service, for compose health checks and for people.
 
-Each prints ``ok: …`` and exits 0, or ends with one line naming what is wrong (exit 2).
+Each prints ``ok: …`` and exits 0, or ends with one line naming what is wrong (exit 2). URLs
+are shown with their password masked.
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ from typing import Annotated
 import httpx
 import typer
 
-from pipeline.errors import TransientError
+from pipeline.errors import BadInputError, TransientError
 from tasks.celery_app import app as celery_app
-from tasks.connections import beat_heartbeat_age, check_engine_url, check_settings_redis
+from tasks.connections import (
+    beat_heartbeat_age,
+    check_engine_url,
+    check_settings_redis,
+    redacted,
+)
 from tasks.settings import current_settings
 
 health_app = typer.Typer(
@@ -66,8 +72,10 @@ def beat_check(
 def _get(url: str, timeout_s: float) -> httpx.Response:
     try:
         return httpx.get(url, timeout=timeout_s)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise BadInputError(f"not a usable URL ({exc})", where=redacted(url)) from exc
     except httpx.TransportError as exc:
-        raise TransientError(f"cannot reach {url} ({exc})") from exc
+        raise TransientError(f"cannot reach {redacted(url)} ({exc})") from exc
 
 
 @health_app.command("api")
@@ -81,8 +89,8 @@ def api_check(
     base = url or f"http://{host}:{settings.api_port}"
     response = _get(f"{base.rstrip('/')}/health", timeout_s)
     if response.status_code != 200:
-        raise TransientError(f"api at {base} is unhealthy: {response.text[:200]}")
-    _ok(f"api at {base} is healthy")
+        raise TransientError(f"api at {redacted(base)} is unhealthy: {response.text[:200]}")
+    _ok(f"api at {redacted(base)} is healthy")
 
 
 @health_app.command("http")
@@ -95,8 +103,8 @@ def http_check(
     """Any URL answers 200."""
     response = _get(url, timeout_s)
     if response.status_code != 200:
-        raise TransientError(f"{url} answered {response.status_code}")
-    _ok(f"{url} answers 200")
+        raise TransientError(f"{redacted(url)} answered {response.status_code}")
+    _ok(f"{redacted(url)} answers 200")
 
 
 @health_app.command("engine")
@@ -110,7 +118,7 @@ def engine_check(
         else current_settings().engine(engine).url
     )
     info = check_engine_url(url)
-    _ok(f"engine at {url} serves {', '.join(map(str, info['models']))}")
+    _ok(f"engine at {info['url']} serves {', '.join(map(str, info['models']))}")
 
 
 def register(app: typer.Typer) -> None:

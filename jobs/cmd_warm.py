@@ -189,12 +189,16 @@ def wal_status() -> None:
 
 @wal_app.command("recover")
 def wal_recover() -> None:
-    """Roll back every transaction whose lease expired (the recovery sweep, run here)."""
-    from tasks.warm import recover
+    """Roll back every transaction whose lease expired and resume the plans whose worker died
+    (the recovery sweep, run here)."""
+    from tasks.warm import recover_and_resume
 
-    swept = recover()
+    result = recover_and_resume()
+    swept, resumed = result["rolled_back"], result["resumed"]
     listed = ": " + ", ".join(swept) if swept else ""
     console.print(f"rolled back {len(swept)} transaction(s){listed}", highlight=False)
+    plans = ", ".join(f"{r['plan']} (from batch {r['from_batch']})" for r in resumed)
+    console.print(f"resumed {len(resumed)} plan(s)" + (f": {plans}" if plans else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,10 @@
 """``prewarm templates``: what changed between two commits and what a re-warm would touch.
 
 ``REPO`` is a configured repository's name, or a path to a local git repository (read with the
-default file patterns). Output is JSON, one object, so it can be piped.
+default file patterns). Output is JSON, one object, so it can be piped. When a template file
+is refused (over a size or nesting limit, a syntax error, a path leaving the repository), the
+JSON still lists the others and its rejects, one line on stderr names the first refusal, and
+the exit status is 2. A commit git cannot read safely (a tree entry ``..``) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ def _mirror(repo: str, work_dir: Path) -> TemplateRepo:
     return TemplateRepo(local_repo_config(path), work_dir)
 
 
+def _refused(rejects: list[Reject]) -> None:
+    """With rejects, one line naming the first on stderr and exit status 2."""
+    if rejects:
+        more = f" (and {len(rejects) - 1} more)" if len(rejects) > 1 else ""
+        first = " ".join(rejects[0].reason.split())
+        raise BadInputError(f"template refused: {first}{more}")
+
+
 def _change(change: TemplateChange) -> dict[str, Any]:
     return {
         "kind": str(change.kind),
@@ -62,6 +73,7 @@ def diff(
     summary = plan.summary()
     out = {**summary, "counts": summary["changes"], "changes": [_change(c) for c in changes]}
     typer.echo(json.dumps(out, indent=1, ensure_ascii=False))
+    _refused(rejects)
 
 
 @templates_app.command("show")
@@ -84,6 +96,7 @@ def show(
     ]  # fmt: skip
     rejected = [{"path": r.path, "reason": r.reason} for r in rejects]
     typer.echo(json.dumps({"templates": rows, "rejects": rejected}, indent=1, ensure_ascii=False))
+    _refused(rejects)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,11 +6,14 @@ Order of checks, each answered with its own status and nothing changed on refusa
 2. missing or wrong signature/token → 401 (constant-time compare against every configured
    secret; no payload byte is parsed before this passes);
 3. event we do not handle → 200 ignored; ``ping`` → 200 pong;
-4. malformed JSON or missing fields → 422;
+4. malformed JSON, JSON nested deeper than 32 levels, ``NaN``/``Infinity``, or missing fields
+   → 422 (depth is checked by a linear scan before ``json.loads`` runs);
 5. repository not configured → 404; configured, but the secret is another repository's → 403;
 6. branch not watched → 200 ignored;
-7. delivery seen before → 409;
+7. delivery seen before → 409 (the delivery id is hashed whole, never cut);
 8. otherwise ``prewarm.events.repo_changed`` is queued → 202 with its task id.
+
+Every answer, an unexpected 500 included, is counted in ``prewarm_webhook_deliveries_total``.
 
 Nothing in a payload chooses what is fetched: the payload names a repository, which is looked
 up among the configured ones, and only the configured URL is fetched.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
+import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,11 +38,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from pipeline.errors import BadInputError
+from pipeline.limits import TextLimits, load_json
 from tasks.events import claim_delivery, queue_repo_changed, release_delivery, store_client
 from tasks.settings import Settings, TemplateRepoSettings, current_settings
 
 _SHA = re.compile(r"\A(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})\Z")
 MAX_BODY_BYTES = 1024 * 1024  # GitHub caps payloads at 25 MB; a push of templates is far smaller
+# A push payload nests 4 levels deep (payload > commits > commit > author); 32 is generous and
+# keeps json.loads far from Python's recursion limit.
+PAYLOAD_LIMITS = TextLimits(max_bytes=25 * 1024 * 1024, max_depth=32)  # size: the body cap rules
+log = logging.getLogger(__name__)
 Enqueue = Callable[[str, str | None, str | None], str]
 
 DELIVERIES = Counter(
@@ -114,8 +123,14 @@ class Forge:
         return bool(headers.get(self.signature_header))
 
     def delivery(self, headers: Any) -> str:
-        """The forge's delivery id ('' when it sends none; the body hash stands in)."""
-        return next((headers[h] for h in self.delivery_headers if headers.get(h)), "")
+        """The forge's delivery id, hashed whole ('' when it sends none; the body hash stands in).
+
+        Hashed rather than cut: two deliveries that share a long prefix are two deliveries.
+        """
+        given = next((headers[h] for h in self.delivery_headers if headers.get(h)), "")
+        if not given:
+            return ""
+        return "sha256-" + hashlib.sha256(given.encode("utf-8", "surrogateescape")).hexdigest()
 
     def push(self, payload: Any) -> Push:
         """The push in ``payload``; missing or mistyped fields are a 422."""
@@ -169,13 +184,16 @@ async def read_bounded(request: Request, limit: int) -> bytes:
 
 
 def _payload(request: Request, body: bytes) -> Any:
+    """The signed JSON document; depth, odd constants and bad encodings are a 422."""
     try:
         if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             # GitHub's form content type: the JSON document in a ``payload`` field.
-            return json.loads(parse_qs(body.decode())["payload"][0])
-        return json.loads(body)
-    except (ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise Refused(422, f"payload is not JSON: {exc}") from exc
+            text: bytes | str = parse_qs(body.decode(), max_num_fields=16)["payload"][0]
+        else:
+            text = body
+        return load_json(text, "payload", PAYLOAD_LIMITS)
+    except (BadInputError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        raise Refused(422, f"payload is not usable JSON: {exc}") from exc
 
 
 def _identities(repo: TemplateRepoSettings) -> set[str]:
@@ -249,6 +267,10 @@ def _endpoint(receiver: Callable[[], WebhookReceiver], forge: Forge) -> Callable
             status, body = await receiver().receive(forge, request)
         except Refused as refused:
             status, body = refused.status, {"status": "refused", "reason": refused.reason}
+        except Exception:
+            # Whatever went wrong, the delivery is counted and answered, never dropped silently.
+            log.exception("webhook delivery from %s failed", forge.name)
+            status, body = 500, {"status": "error", "reason": "internal error"}
         DELIVERIES.labels(forge.name, str(status)).inc()
         return JSONResponse(body, status_code=status)
 

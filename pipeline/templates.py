@@ -17,18 +17,29 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import posixpath
 import string
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from jinja2 import nodes
-from jinja2.exceptions import SecurityError, TemplateSyntaxError
+from jinja2.exceptions import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pipeline.errors import BadInputError
+from pipeline.limits import TextLimits, load_json
+from pipeline.template_limits import (
+    DEFAULT_TEMPLATE_LIMITS,
+    TemplateLimits,
+    check_source,
+    check_tree,
+    repo_relative_path,
+)
+from pipeline.template_sandbox import Clock, render_bounded
+
+__all__ = ["DEFAULT_TEMPLATE_LIMITS", "TemplateLimits", "repo_relative_path"]
 
 TemplateKind = Literal["jinja", "chat", "python"]
 
@@ -40,6 +51,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 _COMMENT_TOKENS = frozenset({"comment_begin", "comment", "comment_end", "linecomment"})
 # Jinja delimiters; a Python string with none of them is a str.format template, not Jinja.
 _JINJA_MARKERS = ("{{", "{%", "{#")
+# tokenizer_config.json: real ones are flat (depth 3–4) and under 100 kB without their vocab.
+CONFIG_LIMITS = TextLimits(max_bytes=DEFAULT_TEMPLATE_LIMITS.max_bytes, max_depth=32)
 
 
 def sandbox() -> ImmutableSandboxedEnvironment:
@@ -78,16 +91,6 @@ def _digest(*parts: str) -> str:
 
 
 # --- paths -------------------------------------------------------------------------------------
-
-
-def repo_relative_path(path: str) -> str:
-    """``path`` normalised inside a repository; absolute paths and ``..`` are refused."""
-    if not path or path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
-        raise BadInputError("absolute path leaves the repository", where=path or "(empty path)")
-    normal = posixpath.normpath(path.replace("\\", "/"))
-    if normal == ".." or normal.startswith("../"):
-        raise BadInputError("path leaves the repository", where=path)
-    return normal
 
 
 def check_symlink(path: str, target: str) -> str:
@@ -132,14 +135,21 @@ def _refuse_escapes(tree: nodes.Template, where: str) -> None:
             )
 
 
-def parse_jinja(source: str, where: str) -> nodes.Template:
-    """Parse ``source`` in the sandbox; syntax errors and escapes are :class:`BadInputError`."""
+def parse_jinja(
+    source: str, where: str, limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS
+) -> nodes.Template:
+    """Parse ``source`` in the sandbox after checking its size and nesting; syntax errors,
+    limits, escapes and references leaving the repository are :class:`BadInputError`."""
+    check_source(source, where, limits)
     try:
         tree = sandbox().parse(source)
     except TemplateSyntaxError as exc:
         raise BadInputError(
             f"Jinja2 syntax error: {exc.message}", where=f"{where}:{exc.lineno}"
         ) from exc
+    except RecursionError as exc:  # a shape the nesting count does not see (e.g. `not not …`)
+        raise BadInputError("template nested too deeply to parse", where=f"{where}:1") from exc
+    check_tree(tree, where, limits)
     _refuse_escapes(tree, where)
     return tree
 
@@ -199,13 +209,22 @@ def jinja_template(template_id: str, path: str, kind: TemplateKind, source: str)
     )
 
 
-def render(template: Template, context: Mapping[str, Any]) -> str:
-    """Render a Jinja2 template in the sandbox; a runtime escape is a :class:`BadInputError`."""
-    parse_jinja(template.source, template.template_id)
-    try:
-        return sandbox().from_string(template.source).render(**context)
-    except SecurityError as exc:
-        raise BadInputError(f"sandbox refused: {exc}", where=template.template_id) from exc
+def render(
+    template: Template,
+    context: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
+    *,
+    limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS,
+    clock: Clock = time.monotonic,
+) -> str:
+    """Render a Jinja2 template in the bounded sandbox (:mod:`pipeline.template_sandbox`);
+    ``files`` (repository path → source) is all ``include``/``import``/``extends`` can reach.
+    Any failure the template causes is a :class:`BadInputError` naming the template and line.
+    """
+    if template.kind == "python" and not any(m in template.source for m in _JINJA_MARKERS):
+        raise BadInputError("not a Jinja2 template (a Python string)", where=template.template_id)
+    parse_jinja(template.source, template.template_id, limits)
+    return render_bounded(template.source, template.template_id, context, files, limits, clock)
 
 
 # --- chat templates in tokenizer_config.json ----------------------------------------------------
@@ -238,11 +257,11 @@ def _chat_entries(config: object, path: str) -> list[tuple[str, str]]:
 
 
 def chat_templates(path: str, text: str) -> list[Template]:
-    """Chat templates of ``tokenizer_config.json`` (``path#name``; a plain string: ``default``)."""
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInputError(f"not valid JSON ({exc.msg})", where=f"{path}:{exc.lineno}") from exc
+    """Chat templates of ``tokenizer_config.json`` (``path#name``; a plain string: ``default``).
+
+    Size and nesting are checked before ``json.loads`` runs (it recurses on nesting).
+    """
+    config = load_json(text, path, CONFIG_LIMITS)
     return [
         jinja_template(f"{path}#{name}", path, "chat", source)
         for name, source in _chat_entries(config, path)
@@ -319,6 +338,16 @@ def python_templates(path: str, text: str) -> list[Template]:
         raise BadInputError(
             f"Python syntax error: {exc.msg}", where=f"{path}:{exc.lineno}"
         ) from exc
+    except (RecursionError, MemoryError, ValueError) as exc:
+        # CPython's parser gives up on very deep nesting with these instead of a SyntaxError.
+        raise BadInputError(f"Python source too deeply nested ({exc})", where=f"{path}:1") from exc
+    try:
+        return _python_module_templates(path, tree)
+    except RecursionError as exc:  # ast.unparse of a pathologically deep f-string
+        raise BadInputError("f-string nested too deeply", where=f"{path}:1") from exc
+
+
+def _python_module_templates(path: str, tree: ast.Module) -> list[Template]:
     found = []
     for name, value in _module_strings(tree):
         template_id = f"{path}#{name}"
@@ -345,12 +374,22 @@ def _decode(path: str, data: bytes) -> str:
         raise BadInputError(f"not UTF-8 text (byte {exc.start})", where=path) from exc
 
 
-def templates_in_file(path: str, data: bytes) -> list[Template]:
-    """Every template in one repository file; unknown file kinds hold none."""
+def templates_in_file(
+    path: str, data: bytes, limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS
+) -> list[Template]:
+    """Every template in one repository file; unknown file kinds hold none.
+
+    A file over ``limits.max_bytes`` is refused before it is decoded or parsed.
+    """
     path = repo_relative_path(path)
     name = posixpath.basename(path)
     if not is_template_path(path):
         return []
+    if len(data) > limits.max_bytes:
+        raise BadInputError(
+            f"{len(data)} bytes is over the template size limit of {limits.max_bytes}",
+            where=f"{path}:1",
+        )
     text = _decode(path, data)
     if name == TOKENIZER_CONFIG:
         return chat_templates(path, text)

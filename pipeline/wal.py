@@ -149,3 +149,40 @@ def redis_before_image(value: str | bytes | None, ttl_ms: int) -> dict[str, Any]
     if isinstance(value, bytes):
         value = value.decode()
     return {"value": value, "ttl_ms": ttl_ms if value is not None and ttl_ms > 0 else -1}
+
+
+# --- plans after a worker died --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanProgress:
+    """Where a submitted plan stands, as the recovery sweep sees it.
+
+    ``last_active`` is the last sign of life of any of its batches (submitted, claimed, a lease
+    renewal, a result), renewed every third of the WAL lease while a batch runs.
+    """
+
+    plan_id: str
+    batches: int
+    done: frozenset[int]
+    claimed: frozenset[int]
+    live_txns: int
+    last_active: float
+
+
+def is_stalled(progress: PlanProgress, now: float, stall_s: float) -> bool:
+    """A plan with batches left, none running, and no sign of life for ``stall_s`` seconds.
+
+    Its next message was lost with a worker (or its transaction was rolled back by the sweep):
+    nothing will run it again until the broker's visibility timeout, so the sweep re-queues it.
+    """
+    if len(progress.done) >= progress.batches:
+        return False
+    if progress.claimed or progress.live_txns:
+        return False
+    return now - progress.last_active > stall_s
+
+
+def batches_to_resume(progress: PlanProgress) -> list[int]:
+    """Batches still to run, in plan order (an ordered plan resumes as a chain of these)."""
+    return [n for n in range(progress.batches) if n not in progress.done]

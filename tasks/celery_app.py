@@ -49,7 +49,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_track_started": True,
         "result_expires": 24 * 3600,
         "broker_connection_retry_on_startup": True,
-        # Longer than the longest task, so an unacked message is not redelivered while it runs.
+        # Longer than the longest task (and a retry's countdown of three WAL leases), so an
+        # unacked message is not redelivered while it runs; a plan whose worker died does not
+        # wait for it: the recovery sweep resumes it after one lease (tasks.plan_resume).
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "task_queues": [_queue(name) for name in QUEUES],
@@ -67,4 +69,8 @@ app = Celery("prewarm", include=TASK_MODULES)
 
 @app.on_configure.connect
 def _configure(sender: Celery, **_: Any) -> None:
+    from tasks.connections import redact_logged_urls
+
+    # Workers log at INFO, where httpx prints every engine request's URL with its password.
+    redact_logged_urls()
     sender.conf.update(celery_config(current_settings()))

@@ -6,6 +6,8 @@ prewarm's own tree, so ``prewarm`` prints one line naming what it could not reac
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -14,7 +16,7 @@ import httpx
 import kombu.exceptions
 import redis
 
-from pipeline.errors import EngineUnavailableError, PrewarmError, TransientError
+from pipeline.errors import BadInputError, EngineUnavailableError, PrewarmError, TransientError
 from tasks.settings import Settings
 
 BEAT_HEARTBEAT_KEY = "prewarm:beat:heartbeat"
@@ -24,15 +26,64 @@ class RedisUnavailableError(TransientError):
     """Redis (broker or prewarm's store) did not answer."""
 
 
+_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+
+
 def redacted(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password masked (``user:***@``), for messages and logs.
+
+    A user without a password is masked whole (``***@``): a lone user part is often a token.
+    Malformed URLs are masked too, by the part between ``//`` and the last ``@``.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _USERINFO.sub("***@", url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
-    return urlunsplit(parts._replace(netloc=netloc))
+    user, colon, _ = userinfo.partition(":")
+    masked = f"{user}:***" if colon else "***"
+    return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+# A URL's user part inside free text: scheme, then everything up to the last '@' of the
+# authority (no '/', whitespace, quote or '@' before it).
+_URL_IN_TEXT = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/\s@'\"<>]+)@")
+
+
+def redact_text(text: str) -> str:
+    """Every URL in ``text`` with its password masked (as :func:`redacted` shows one URL)."""
+    if "://" not in text or "@" not in text:
+        return text
+
+    def mask(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return match.group(1) + (f"{user}:***@" if colon else "***@")
+
+    return _URL_IN_TEXT.sub(mask, text)
+
+
+def redact_logged_urls() -> None:
+    """Mask URL passwords in every log record of this process (httpx logs each request's full
+    URL at INFO, user and password included). Installed once; repeating it is harmless."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "redacts_urls", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed call; logging reports it later
+            return record
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return record
+
+    factory.redacts_urls = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def _reason(exc: BaseException) -> str:
@@ -80,7 +131,7 @@ def translate_connection_error(
     if isinstance(exc, kombu.exceptions.OperationalError):
         return redis_unavailable(url, exc, "the broker")
     if isinstance(exc, httpx.TransportError):
-        where = str(exc.request.url) if _has_request(exc) else "an engine"
+        where = redacted(str(exc.request.url)) if _has_request(exc) else "an engine"
         return EngineUnavailableError(f"cannot reach {where} ({_reason(exc)})")
     return None
 
@@ -115,16 +166,27 @@ def beat_heartbeat_age(url: str) -> float | None:
 
 
 def check_engine_url(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """``/health`` and ``/v1/models`` of the engine at ``url``; raises if it does not answer."""
+    """``/health`` and ``/v1/models`` of the engine at ``url``; raises if it does not answer.
+
+    Every message names the URL with its password masked (:func:`redacted`).
+    """
+    shown = redacted(url)
     try:
         with httpx.Client(base_url=url, timeout=timeout_s) as client:
             health = client.get("/health")
             models = client.get("/v1/models")
+    except httpx.InvalidURL as exc:
+        raise BadInputError(f"not a usable URL ({_reason(exc)})", where=shown) from exc
     except httpx.TransportError as exc:
-        raise EngineUnavailableError(f"cannot reach engine at {url} ({_reason(exc)})") from exc
+        raise EngineUnavailableError(f"cannot reach engine at {shown} ({_reason(exc)})") from exc
     if health.status_code != 200 or models.status_code != 200:
         raise EngineUnavailableError(
-            f"engine at {url} is not healthy (/health {health.status_code}, "
+            f"engine at {shown} is not healthy (/health {health.status_code}, "
             f"/v1/models {models.status_code})"
         )
-    return {"url": url, "models": [card.get("id") for card in models.json().get("data", [])]}
+    try:
+        cards = models.json().get("data", [])
+        names = [card.get("id") for card in cards if isinstance(card, dict)]
+    except (ValueError, AttributeError) as exc:
+        raise EngineUnavailableError(f"engine at {shown}: /v1/models is not a model list") from exc
+    return {"url": shown, "models": names}

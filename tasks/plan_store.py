@@ -9,12 +9,18 @@ Messages carry a plan id and a batch number only; everything else is read from h
     pw:plan:<id>:txn        hash: batch -> id of its latest transaction
     pw:plan:<id>:runs       hash: batch -> times work started (redelivery is visible here)
     pw:plan:<id>:claim:<n>  the worker running batch n (expires with its lease)
+    pw:plans:open           zset: plans not finished yet -> submitted (read by the sweep)
+
+``meta`` also holds ``active``: the last sign of life of any batch (submitted, claimed, a
+claim renewal, a result), which the recovery sweep reads to find plans whose message was lost
+with a worker; ``resumed``/``resumed_at``: how often and when the sweep re-queued the plan.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -22,6 +28,7 @@ import redis
 
 from pipeline.errors import BadInputError
 from pipeline.plan import WarmItem, WarmPlan
+from pipeline.wal import PlanProgress
 from tasks.targets.base import WarmOptions
 from tasks.wal_store import as_text
 
@@ -31,6 +38,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) 
 return 0
 """
 COUNTERS = ("batches_done", "committed", "rolled_back", "items_ok", "items_failed")
+OPEN_PLANS = "pw:plans:open"
 
 
 def _k(plan_id: str, suffix: str = "") -> str:
@@ -44,15 +52,21 @@ class PlanStore:
         self.r = client
         self._release = client.register_script(_RELEASE)
 
-    def save(self, plan: WarmPlan, engine: str, options: WarmOptions) -> int:
-        """Store ``plan`` for ``engine``; returns its number of batches."""
+    def save(
+        self, plan: WarmPlan, engine: str, options: WarmOptions, queue: str | None = None
+    ) -> int:
+        """Store ``plan`` for ``engine`` (its batches sent to ``queue``, None: the default
+        route); returns its number of batches."""
         batches = len(plan.batches(options.batch_size))
+        now = time.time()
         meta = {
             "engine": engine,
             "batches": batches,
             "items": len(plan.items),
-            "submitted": time.time(),
+            "submitted": now,
+            "active": now,
             "state": "submitted",
+            "queue": queue or "",
         }
         with self.r.pipeline() as pipe:
             pipe.set(_k(plan.plan_id), plan.to_json(), ex=PLAN_TTL_S)
@@ -63,6 +77,7 @@ class PlanStore:
             pipe.set(_k(plan.plan_id, "opts"), json.dumps(asdict(options)), ex=PLAN_TTL_S)
             pipe.hset(_k(plan.plan_id, "meta"), mapping={k: str(v) for k, v in meta.items()})
             pipe.expire(_k(plan.plan_id, "meta"), PLAN_TTL_S)
+            pipe.zadd(OPEN_PLANS, {plan.plan_id: now})
             pipe.execute()
         return batches
 
@@ -100,10 +115,21 @@ class PlanStore:
     def claim(self, plan_id: str, batch: int, owner: str, lease_s: float) -> bool:
         """Become the one worker running ``batch``; False while another holds it."""
         key = _k(plan_id, f"claim:{batch}")
-        return bool(self.r.set(key, owner, nx=True, px=int(lease_s * 1000)))
+        claimed = bool(self.r.set(key, owner, nx=True, px=int(lease_s * 1000)))
+        if claimed:
+            self.touch(plan_id)
+        return claimed
 
     def renew_claim(self, plan_id: str, batch: int, lease_s: float) -> None:
-        self.r.pexpire(_k(plan_id, f"claim:{batch}"), int(lease_s * 1000))
+        """Keep the claim (and the plan's sign of life) for another ``lease_s``."""
+        with self.r.pipeline() as pipe:
+            pipe.pexpire(_k(plan_id, f"claim:{batch}"), int(lease_s * 1000))
+            pipe.hset(_k(plan_id, "meta"), "active", time.time())
+            pipe.execute()
+
+    def touch(self, plan_id: str, pipe: redis.client.Pipeline | None = None) -> None:
+        """Note a sign of life of the plan now."""
+        (pipe or self.r).hset(_k(plan_id, "meta"), "active", time.time())
 
     def release(self, plan_id: str, batch: int, owner: str) -> None:
         """Give the claim up — only if it is still ``owner``'s (it may have expired and been
@@ -137,9 +163,63 @@ class PlanStore:
         pipe.hincrby(meta, summary["state"], 1)
         pipe.hincrby(meta, "items_ok", summary["ok"])
         pipe.hincrby(meta, "items_failed", summary["failed"])
+        pipe.hset(meta, "active", time.time())
 
     def mark_finished(self, plan_id: str) -> None:
-        self.r.hset(_k(plan_id, "meta"), mapping={"state": "finished", "finished": time.time()})
+        with self.r.pipeline() as pipe:
+            pipe.hset(_k(plan_id, "meta"), mapping={"state": "finished", "finished": time.time()})
+            pipe.zrem(OPEN_PLANS, plan_id)
+            pipe.execute()
+
+    # -- for the recovery sweep ----------------------------------------------------------
+    def open_plans(self) -> list[str]:
+        """Plans submitted and not finished (oldest first)."""
+        return [as_text(raw) for raw in self.r.zrange(OPEN_PLANS, 0, -1)]
+
+    def forget(self, plan_id: str) -> None:
+        """Drop an expired plan from the open index."""
+        self.r.zrem(OPEN_PLANS, plan_id)
+
+    def progress(self, plan_id: str, txn_alive: Callable[[str], bool]) -> PlanProgress | None:
+        """What the sweep needs to know of a plan; None when it expired."""
+        meta = {as_text(k): as_text(v) for k, v in self.r.hgetall(_k(plan_id, "meta")).items()}
+        if not meta:
+            return None
+        batches = int(meta["batches"])
+        done = frozenset(int(b) for b in self.r.hkeys(_k(plan_id, "done")))
+        left = [n for n in range(batches) if n not in done]
+        with self.r.pipeline(transaction=False) as pipe:
+            for n in left:
+                pipe.exists(_k(plan_id, f"claim:{n}"))
+            claims = pipe.execute()
+        txns = {int(k): as_text(v) for k, v in self.r.hgetall(_k(plan_id, "txn")).items()}
+        live = sum(1 for n in left if n in txns and txn_alive(txns[n]))
+        claimed = frozenset(n for n, held in zip(left, claims, strict=True) if held)
+        active = float(meta.get("active", meta["submitted"]))
+        return PlanProgress(plan_id, batches, done, claimed, live, active)
+
+    def route(self, plan_id: str) -> tuple[WarmOptions, str | None]:
+        """The plan's options and the queue its batches were sent to (None: default route)."""
+        opts = self.r.get(_k(plan_id, "opts"))
+        queue = self.r.hget(_k(plan_id, "meta"), "queue")
+        options = WarmOptions.from_dict(json.loads(opts) if opts else None)
+        return options, (as_text(queue) if queue else None)
+
+    def claim_resume(self, plan_id: str, hold_s: float) -> bool:
+        """Become the one sweep resuming the plan for ``hold_s`` (two sweeps may run at once)."""
+        key = _k(plan_id, "resuming")
+        return bool(self.r.set(key, "1", nx=True, px=max(1, int(hold_s * 1000))))
+
+    def note_resumed(self, plan_id: str, batches: list[int]) -> None:
+        """Record that the sweep re-queued ``batches`` of the plan now."""
+        now = time.time()
+        with self.r.pipeline() as pipe:
+            pipe.hincrby(_k(plan_id, "meta"), "resumed", 1)
+            pipe.hset(
+                _k(plan_id, "meta"),
+                mapping={"active": now, "resumed_at": now, "resumed_from": batches[0]},
+            )
+            pipe.execute()
 
     def report(self, plan_id: str) -> dict[str, Any]:
         """Progress of a plan: batches done/total, committed, rolled back, items ok/failed."""
@@ -157,6 +237,10 @@ class PlanStore:
         }
         report.update({name: int(meta.get(name, 0)) for name in COUNTERS})
         report["done"] = report["batches_done"] >= report["batches"]
+        # How often the recovery sweep re-queued this plan after a worker died under it.
+        report["resumed"] = int(meta.get("resumed", 0))
+        if "resumed_at" in meta:
+            report["resumed_at"] = float(meta["resumed_at"])
         if "finished" in meta:
             report["seconds"] = round(float(meta["finished"]) - float(meta["submitted"]), 3)
         return report

@@ -14,7 +14,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import SettingsError
 
@@ -23,6 +31,15 @@ ENV_PREFIX = "PREWARM_"
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_control_characters(value: str) -> str:
+    # A CR or LF in a URL would split an HTTP request line or a Redis command; httpx and
+    # redis-py would refuse it later with a traceback, so it is refused here, naming the key.
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ValueError(f"contains a control character ({bad!r}); URLs may not")
+    return value
 
 
 class EngineSettings(_Section):
@@ -42,6 +59,7 @@ class EngineSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        _no_control_characters(value)
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
@@ -56,6 +74,11 @@ class TemplateRepoSettings(_Section):
     patterns: tuple[str, ...] = ("**/*.jinja", "**/*.j2", "**/tokenizer_config.json", "**/*.py")
     webhook_secret: SecretStr | None = None
     model: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _clean_url(cls, value: str) -> str:
+        return _no_control_characters(value)
 
 
 class BudgetSettings(_Section):
@@ -94,7 +117,10 @@ class Settings(_Section):
     store_url: str | None = None
     data_dir: Path = Path(".prewarm")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    visibility_timeout_s: int = Field(3600, ge=60)
+    # Chosen together: a plan whose worker died resumes within one lease plus one sweep
+    # (tasks.warm); the broker's visibility timeout only re-delivers the lost message later,
+    # and must outlast the longest batch and a retry's countdown of three leases.
+    visibility_timeout_s: int = Field(900, ge=60)
     wal_lease_s: int = Field(30, ge=1)
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=1, le=65535)
@@ -104,12 +130,31 @@ class Settings(_Section):
     schedule: ScheduleSettings = ScheduleSettings()
     tenants: tuple[TenantSettings, ...] = ()
 
-    @field_validator("redis_url")
+    @field_validator("result_url")
     @classmethod
-    def _redis_scheme(cls, value: str) -> str:
+    def _clean_result_url(cls, value: str | None) -> str | None:
+        # Any Celery result backend URL; only control characters are refused.
+        return None if value is None else _no_control_characters(value)
+
+    @field_validator("redis_url", "store_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _no_control_characters(value)
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_leases(self) -> Settings:
+        if self.visibility_timeout_s < 10 * self.wal_lease_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must be at least 10 × "
+                f"wal_lease_s ({self.wal_lease_s}): a batch retried after three leases must "
+                "not be redelivered while it waits"
+            )
+        return self
 
     @property
     def store_redis_url(self) -> str:

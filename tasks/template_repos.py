@@ -27,7 +27,12 @@ from pipeline.template_diff import (
     read_templates,
     renames_of,
 )
-from pipeline.templates import Template, check_symlink, repo_relative_path
+from pipeline.templates import (
+    DEFAULT_TEMPLATE_LIMITS,
+    Template,
+    check_symlink,
+    repo_relative_path,
+)
 from tasks.settings import Settings, TemplateRepoSettings
 
 _SHA = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
@@ -136,7 +141,12 @@ class TemplateRepo:
         commit = repo.commit(check_sha(new, "after"))
         base = repo.commit(check_sha(old or "", "before"))
         # GitPython describes commit -> base; R reverses it to base -> commit.
-        found = [_file_change(diff) for diff in commit.diff(base, R=True, M=True)]
+        try:
+            found = [_file_change(diff) for diff in commit.diff(base, R=True, M=True)]
+        except ValueError as exc:
+            raise BadInputError(
+                f"diff cannot be read safely ({exc})", where=f"commit {new}"
+            ) from exc
         return [f for f in found if self._relevant(f)]
 
     def _relevant(self, change: FileChange) -> bool:
@@ -165,9 +175,17 @@ class TemplateRepo:
         return files
 
     def template_files(self, sha: str) -> list[str]:
-        """Every path at ``sha`` that matches the configured patterns."""
+        """Every path at ``sha`` that matches the configured patterns.
+
+        A tree GitPython refuses to read (an entry named ``..`` or ``.git``) is bad input.
+        """
         tree = self._repo().commit(check_sha(sha, "sha")).tree
-        paths = (str(item.path) for item in tree.traverse() if isinstance(item, git.Blob))
+        try:
+            paths = [str(item.path) for item in tree.traverse() if isinstance(item, git.Blob)]
+        except ValueError as exc:
+            raise BadInputError(
+                f"tree cannot be read safely ({exc})", where=f"commit {sha}"
+            ) from exc
         return sorted(path for path in paths if matches(path, self.patterns))
 
     def templates_at(self, sha: str, rejects: list[Reject] | None = None) -> dict[str, Template]:
@@ -206,8 +224,17 @@ def _blob_bytes(tree: git.Tree, path: str, hops: int = 0) -> bytes | None:
         blob = tree / path
     except KeyError:
         return None
+    except ValueError as exc:  # GitPython refuses tree entries such as '..' on the way
+        raise BadInputError(f"unreadable tree entry ({exc})", where=path) from exc
     if blob.type != "blob":
         return None
+    if blob.size > DEFAULT_TEMPLATE_LIMITS.max_bytes:
+        # Refused from the object header, before the blob is read into memory.
+        raise BadInputError(
+            f"{blob.size} bytes is over the template size limit of "
+            f"{DEFAULT_TEMPLATE_LIMITS.max_bytes}",
+            where=f"{path}:1",
+        )
     data: bytes = blob.data_stream.read()
     if blob.mode != _SYMLINK_MODE:
         return data

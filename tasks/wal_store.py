@@ -274,6 +274,12 @@ class WalStore:
         now = time.time() if now is None else now
         return [as_text(raw) for raw in self.r.zrangebyscore(ACTIVE, "-inf", now)]
 
+    def is_live(self, txn_id: str, now: float | None = None) -> bool:
+        """Whether the transaction is open with a lease that has not run out."""
+        now = time.time() if now is None else now
+        lease = self.r.zscore(ACTIVE, txn_id)
+        return lease is not None and float(lease) >= now
+
     def take_over(self, txn_id: str, owner: str, now: float | None = None) -> bool:
         """Make ``owner`` the owner of an orphaned transaction; False if it is alive or done."""
         now = time.time() if now is None else now
@@ -303,12 +309,16 @@ class WalStore:
             return None
         return Transaction(txn_id, "", 0, "", TxnState(as_text(state)), float(lease or 0.0))
 
-    def sweep(self, engine_undo_for: Callable[[str], EngineUndo] | None = None) -> list[str]:
-        """Roll back every transaction whose lease expired; returns their ids."""
+    def sweep(
+        self,
+        engine_undo_for: Callable[[str], EngineUndo] | None = None,
+        now: float | None = None,
+    ) -> list[str]:
+        """Roll back every transaction whose lease expired by ``now``; returns their ids."""
         swept: list[str] = []
-        for txn_id in self.expired():
+        for txn_id in self.expired(now):
             me = f"sweep-{uuid.uuid4().hex[:8]}"
-            if not self.take_over(txn_id, me):
+            if not self.take_over(txn_id, me, now):
                 continue
             engine = as_text(self.r.hget(txn_key(txn_id), "engine") or b"")
             undo = engine_undo_for(engine) if engine_undo_for else None

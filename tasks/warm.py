@@ -20,14 +20,26 @@ The entry points other parts call::
 
     batch_results(plan_id: str, *, settings: Settings | None = None) -> list[dict]
     recover(*, settings: Settings | None = None) -> list[str]   # the WAL sweep, in-process
+    recover_and_resume(*, settings=None, now=None) -> {"rolled_back": [...], "resumed": [...]}
+        The whole recovery sweep: roll back expired transactions, then re-queue every plan
+        that stalled because a worker died under it (``tasks.plan_resume``).
 
 Tasks (queue ``warm``): ``prewarm.warm.batch(plan_id, batch)``, ``prewarm.warm.finish``
 (chord callback), ``prewarm.warm.recover`` (the sweep; put it on beat every
 ``schedule.wal_sweep_s``).
+
+A plan waits at most one WAL lease (``wal_lease_s``) plus one sweep period
+(``schedule.wal_sweep_s``) after its worker died before it runs again: the lease is renewed
+every third of itself while a batch runs, so a plan with no sign of life for one lease has lost
+its worker, and the next sweep re-queues it. The broker's visibility timeout is only the
+fallback redelivery of the lost message (harmless: batches are idempotent); it is chosen long
+(``visibility_timeout_s``, 900 s, at least 10 leases) so that a live task, or a retry waiting
+its countdown of three leases, is never delivered twice.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import lru_cache
 from typing import Any
@@ -37,11 +49,14 @@ from celery import chain, chord, shared_task
 
 from pipeline.errors import TransientError
 from pipeline.plan import WarmPlan
+from tasks.plan_resume import PlanResumer
 from tasks.plan_store import PlanStore
 from tasks.settings import Settings, current_settings
 from tasks.targets.base import WarmOptions
 from tasks.wal_store import LeaseLost, WalStore
 from tasks.warm_batch import BatchRunner
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=4)
@@ -73,25 +88,31 @@ def submit_plan(
 
     ``queue`` overrides the ``warm`` queue (a dedicated pool of warm-up workers).
     """
-    from tasks.celery_app import app
-
     settings = settings or current_settings()
     engine = settings.engine(engine_name or plan.engine).name
     # A plan cut to the cache's capacity runs batch after batch: its order is its LRU order.
     ordered = plan.budget.max_tokens is not None
     options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
-    batches = _plans(settings).save(plan, engine, options)
+    batches = _plans(settings).save(plan, engine, options, queue)
+    dispatch(plan.plan_id, list(range(batches)), options.ordered, queue)
+    return plan.plan_id
+
+
+def dispatch(plan_id: str, batches: list[int], ordered: bool, queue: str | None) -> None:
+    """Send ``batches`` of a stored plan, then its finish task: ordered, as a chain (batch
+    after batch); else as a chord. Used at submission and when the sweep resumes a plan."""
+    from tasks.celery_app import app
+
     route = {"queue": queue} if queue else {}
-    sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True, **route)
-            for n in range(batches)]  # fmt: skip
-    finish = app.signature("prewarm.warm.finish", (plan.plan_id,), immutable=True, **route)
+    sigs = [app.signature("prewarm.warm.batch", (plan_id, n), immutable=True, **route)
+            for n in batches]  # fmt: skip
+    finish = app.signature("prewarm.warm.finish", (plan_id,), immutable=True, **route)
     if not sigs:
         finish.apply_async()
-    elif options.ordered:
+    elif ordered:
         chain(*sigs, finish).apply_async()
     else:
         chord(sigs)(finish)
-    return plan.plan_id
 
 
 def plan_report(plan_id: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -128,6 +149,34 @@ def recover(*, settings: Settings | None = None) -> list[str]:
     return BatchRunner(_store(settings.store_redis_url), settings).sweep()
 
 
+def resumer(settings: Settings) -> PlanResumer:
+    """The sweep's second half: plans stalled for one WAL lease are re-queued."""
+    store = _store(settings.store_redis_url)
+    broker = _store(settings.redis_url)
+    return PlanResumer(
+        PlanStore(store),
+        WalStore(store, settings.wal_lease_s),
+        dispatch,
+        waiting=lambda queue: int(broker.llen(queue)),
+        stall_s=settings.wal_lease_s,
+    )
+
+
+def recover_and_resume(
+    *, settings: Settings | None = None, now: float | None = None
+) -> dict[str, list[Any]]:
+    """The recovery sweep: roll back expired transactions, then resume the plans they (or a
+    lost message) stalled. Returns ``{"rolled_back": [txn ids], "resumed": [{plan, …}]}``."""
+    settings = settings or current_settings()
+    rolled_back = recover(settings=settings)
+    resumed = resumer(settings).resume_stalled(time.time() if now is None else now)
+    for row in resumed:
+        log.warning(
+            "plan %s resumed from batch %s after its worker died", row["plan"], row["from_batch"]
+        )
+    return {"rolled_back": rolled_back, "resumed": resumed}
+
+
 def wal_status(*, settings: Settings | None = None) -> dict[str, Any]:
     """Open transactions and their leases."""
     settings = settings or current_settings()
@@ -154,5 +203,5 @@ def finish_plan(plan_id: str) -> dict[str, Any]:
 
 @shared_task(name="prewarm.warm.recover", acks_late=True)
 def recover_task() -> dict[str, Any]:
-    """The recovery sweep: roll back transactions whose lease expired."""
-    return {"rolled_back": _runner().sweep()}
+    """The recovery sweep: roll back transactions whose lease expired, resume stalled plans."""
+    return recover_and_resume()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import git
@@ -351,3 +352,90 @@ def test_polling_queues_only_repositories_with_unprocessed_heads(source, tmp_pat
     newer = source.commit()
     assert poll_changed(settings, store, enqueue)["queued"] == {"acme/prompts": "task-2"}
     assert queued[-1] == ("acme/prompts", None, newer)
+
+
+# --- limits: one bad template never blocks the rest of its push ------------------------------
+
+DEEP = "{% if x %}" * 20_000 + "deep" + "{% endif %}" * 20_000
+
+
+def test_a_deeply_nested_template_is_rejected_and_the_rest_of_the_push_rewarms(
+    source, tmp_path, store
+):
+    mirror = _mirror(source, tmp_path)
+    first = mirror.sync()
+    apply_rewarm(
+        store, "acme/prompts", first, rewarm_set(mirror.changes(None, first)[0]), [], lambda i: None
+    )
+    before = serving(store, "acme/prompts")
+    source.write("prompts/support.jinja", SUPPORT.replace("brief", "short"))
+    source.write("prompts/deep.jinja", DEEP)
+    source.write("prompts/parens.j2", "{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}")
+    deep_json = '{"chat_template": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    source.write("model/tokenizer_config.json", deep_json)
+    _, rejects, plan = _diff(source, mirror, first)
+    assert {r.path for r in rejects} == {
+        "prompts/deep.jinja", "prompts/parens.j2", "model/tokenizer_config.json"
+    }  # fmt: skip
+    assert all("nested deeper" in r.reason for r in rejects)
+    assert [t.template_id for t in plan.warm] == ["prompts/support.jinja"]
+    head = source.repo.head.commit.hexsha
+    apply_rewarm(store, "acme/prompts", head, plan, [], lambda items: None)
+    now = serving(store, "acme/prompts")
+    assert now["prompts/support.jinja"]["version"] != before["prompts/support.jinja"]["version"]
+    # The unreadable chat template keeps its old versions serving.
+    assert (
+        now["model/tokenizer_config.json#default"] == before["model/tokenizer_config.json#default"]
+    )
+    assert "prompts/deep.jinja" not in now
+    assert transaction(store, "acme/prompts", head)["rejects"]
+
+
+def test_a_huge_template_is_refused_from_its_size_before_it_is_read(source, tmp_path, monkeypatch):
+    mirror = _mirror(source, tmp_path)
+    first = mirror.sync()
+    (source.root / "prompts").joinpath("huge.jinja").write_bytes(b"a" * (50 * 1024 * 1024))
+    reads: list[str] = []
+    import git.objects.base
+
+    real = git.objects.base.Object.data_stream.fget
+
+    def counted(blob):
+        reads.append(blob.path)
+        return real(blob)
+
+    monkeypatch.setattr(git.objects.base.Object, "data_stream", property(counted))
+    changes, rejects, _ = _diff(source, mirror, first)
+    assert [(r.path, "size limit" in r.reason) for r in rejects] == [("prompts/huge.jinja", True)]
+    assert "prompts/huge.jinja" not in reads and not changes
+
+
+def _git(source: Source, *args: str, stdin: str = "") -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=source.root, input=stdin, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def _commit_with_dotdot_entry(source: Source) -> str:
+    """A commit whose root tree has an entry named ``..`` (git's fsck warns; fetch takes it)."""
+    blob = _git(source, "hash-object", "-w", "prompts/support.jinja")
+    inner = _git(source, "mktree", stdin=f"100644 blob {blob}\tevil.jinja\n")
+    listing = _git(source, "ls-tree", "HEAD")
+    tree = _git(source, "mktree", stdin=f"{listing}\n040000 tree {inner}\t..\n")
+    commit = _git(source, "commit-tree", tree, "-p", "HEAD", "-m", "dotdot")
+    _git(source, "update-ref", "refs/heads/main", commit)
+    return commit
+
+
+def test_a_tree_entry_named_dotdot_is_bad_input(source, tmp_path):
+    mirror = _mirror(source, tmp_path)
+    first = mirror.sync()
+    bad = _commit_with_dotdot_entry(source)
+    assert mirror.sync() == bad
+    with pytest.raises(BadInputError, match="cannot be read safely"):
+        mirror.templates_at(bad)
+    # The diff names the entry's files as ``../evil.jinja``: refused as a path, never read.
+    changes, rejects = mirror.changes(first, bad)
+    assert changes == [] and [r.path for r in rejects] == ["../evil.jinja"]
+    assert "leaves the repository" in rejects[0].reason

@@ -184,19 +184,31 @@ def _settings() -> Settings:
     )
 
 
-@pytest.fixture
-def receiver(celery_app_configured, broker_url, store_url) -> Iterator[Receiver]:
+def _receiver(broker_url: str, store_url: str, max_body: int) -> Iterator[Receiver]:
     queue = f"webhook-test-{uuid.uuid4().hex[:8]}"
     store = redis.Redis.from_url(store_url)
 
     def enqueue(repo: str, before: str | None, after: str | None) -> str:
         return queue_repo_changed(repo, before, after, queue=queue)
 
-    app = webhook_app(settings=_settings(), store=store, enqueue=enqueue, max_body=MAX_BODY)
+    app = webhook_app(settings=_settings(), store=store, enqueue=enqueue, max_body=max_body)
     broker = redis.Redis.from_url(broker_url)
     with serve(app) as url:
         yield Receiver(url, broker, store, queue)
     broker.delete(queue)
+
+
+@pytest.fixture
+def receiver(celery_app_configured, broker_url, store_url) -> Iterator[Receiver]:
+    yield from _receiver(broker_url, store_url, MAX_BODY)
+
+
+@pytest.fixture
+def full_receiver(celery_app_configured, broker_url, store_url) -> Iterator[Receiver]:
+    """With the production body limit (1 MiB), as ``prewarm api`` serves it."""
+    from jobs.webhooks import MAX_BODY_BYTES
+
+    yield from _receiver(broker_url, store_url, MAX_BODY_BYTES)
 
 
 def _task_args(receiver: Receiver) -> list:
@@ -390,3 +402,77 @@ def test_a_sha_that_is_not_a_sha_is_422(receiver):
     body = json.dumps(payload).encode()
     assert receiver.post("github", body, github_headers(body)).status_code == 422
     assert receiver.queued() == 0
+
+
+def _counted(forge: str, status: int) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"forge": forge, "status": str(status)}
+    return REGISTRY.get_sample_value("prewarm_webhook_deliveries_total", labels) or 0.0
+
+
+def _nested(depth: int, inner: str = "1") -> bytes:
+    return ("[" * depth + inner + "]" * depth).encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _nested(100_000),
+        b'{"repository": ' + _nested(100_000) + b"}",
+        ('{"a":' * 50_000 + "1" + "}" * 50_000).encode(),
+        b'{"repository": {"full_name": "acme/prompts"}, "x": ' + _nested(40) + b"}",
+        b'{"ref": NaN, "repository": {"full_name": "acme/prompts"}}',
+        b'{"ref": "refs/heads/main", "after": Infinity, "repository": {"full_name": "acme/prompts"}}',
+        b'{"ref": ' + b"9" * 5000 + b"}",
+        b'"\\ud800"',
+        b"\xff\xfe{}",
+        b"",
+    ],
+    ids=["list-100k", "object-100k", "keys-50k", "depth-50", "nan", "infinity", "huge-int",
+         "lone-surrogate", "bad-utf8", "empty"],
+)  # fmt: skip
+def test_deep_or_odd_signed_json_is_422_and_counted(full_receiver, body):
+    counted = _counted("github", 422)
+    response = full_receiver.post("github", body, github_headers(body))
+    assert response.status_code == 422, response.text
+    assert full_receiver.queued() == 0
+    assert _counted("github", 422) == counted + 1
+
+
+def test_deep_json_in_a_form_encoded_delivery_is_422(full_receiver):
+    from urllib.parse import urlencode
+
+    body = urlencode({"payload": _nested(60_000).decode()}).encode()
+    headers = github_headers(body) | {"Content-Type": "application/x-www-form-urlencoded"}
+    assert full_receiver.post("github", body, headers).status_code == 422
+
+
+def test_deliveries_sharing_a_long_prefix_are_not_a_replay(receiver):
+    shared = "d" * 200
+    for n, forge in enumerate(["github", "gitea"]):
+        body = json.dumps(github_push() if forge == "github" else gitea_push()).encode()
+        make = github_headers if forge == "github" else gitea_headers
+        header = "X-GitHub-Delivery" if forge == "github" else "X-Gitea-Delivery"
+        first = make(body) | {header: shared + "-first"}
+        second = make(body) | {header: shared + "-second"}
+        assert receiver.post(forge, body, first).status_code == 202
+        assert receiver.post(forge, body, second).status_code == 202
+        assert receiver.post(forge, body, second).status_code == 409
+        assert receiver.queued() == 2 * (n + 1)
+
+
+def test_an_unexpected_failure_is_answered_500_and_counted(celery_app_configured, store_url):
+    def enqueue(repo: str, before: str | None, after: str | None) -> str:
+        raise RuntimeError("broker exploded")
+
+    store = redis.Redis.from_url(store_url)
+    app = webhook_app(settings=_settings(), store=store, enqueue=enqueue, max_body=MAX_BODY)
+    body = json.dumps(github_push()).encode()
+    counted = _counted("github", 500)
+    with serve(app) as url:
+        response = httpx.post(f"{url}/webhooks/github", content=body, headers=github_headers(body))
+    assert response.status_code == 500 and "broker exploded" not in response.text
+    assert _counted("github", 500) == counted + 1
+    # The claim was released: the forge's retry of the same delivery is not taken for a replay.
+    assert store.keys("prewarm:webhooks:delivery:*") == []

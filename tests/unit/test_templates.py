@@ -165,3 +165,161 @@ def test_bad_files_name_file_and_line():
         templates_in_file("tokenizer_config.json", b"{")
     with pytest.raises(BadInputError, match="not UTF-8"):
         templates_in_file("t.j2", b"\xff\xfe")
+
+
+# --- limits: nothing a template does can crash, hang or exhaust a worker ----------------------
+
+DEEP_IF = "{% if x %}" * 20_000 + "deep" + "{% endif %}" * 20_000
+DEEP_PARENS = "{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}"
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (DEEP_IF, "nested deeper"),
+        (DEEP_PARENS, "nested deeper"),
+        ("{{ " + "[" * 5_000 + "]" * 5_000 + " }}", "nested deeper"),
+        ("{{ " + "not " * 5_000 + "x }}", "nested too deeply"),
+        ("{{ x" + "|e" * 500 + " }}", "nested deeper"),
+        ("{{ x }}" * 60_000, "tokens"),
+    ],
+    ids=["if-20k", "parens-100k", "lists-5k", "not-5k", "filters-500", "tokens"],
+)
+def test_deeply_nested_templates_are_bad_input_naming_file_and_line(source, reason):
+    with pytest.raises(BadInputError, match=reason) as refused:
+        templates_in_file("prompts/deep.jinja", source.encode())
+    assert refused.value.where.startswith("prompts/deep.jinja:")
+    assert refused.value.where.rsplit(":", 1)[1].isdigit()
+
+
+def test_nesting_is_reported_at_its_line():
+    source = "ok\n" * 7 + "{% if a %}" * 40 + "x" + "{% endif %}" * 40
+    with pytest.raises(BadInputError) as refused:
+        _one(source)
+    assert refused.value.where == "t.jinja:8"
+
+
+def test_a_template_over_the_size_cap_is_refused_before_parsing():
+    huge = b"{{ x }}" + b"a" * (50 * 1024 * 1024)
+    with pytest.raises(BadInputError, match="size limit") as refused:
+        templates_in_file("prompts/huge.jinja", huge)
+    assert refused.value.where == "prompts/huge.jinja:1"
+
+
+def test_deeply_nested_tokenizer_config_is_bad_input():
+    deep = '{"chat_template": "hi", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(BadInputError, match="nested deeper") as refused:
+        templates_in_file("m/tokenizer_config.json", deep.encode())
+    assert refused.value.where == "m/tokenizer_config.json:1"
+
+
+def test_deeply_nested_python_module_is_bad_input():
+    deep = "X = " + "(" * 100_000 + "1" + ")" * 100_000 + "\n"
+    with pytest.raises(BadInputError, match=r"app/deep\.py"):
+        templates_in_file("app/deep.py", deep.encode())
+
+
+def _render(source: str, context=None, files=None, **options):
+    return render(_one(source), context or {}, files, **options)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("{{ 9**(9**(9**9)) }}", "power"),
+        ("{{ 2 ** 100000 }}", "power"),
+        ("{{ 1.5 ** 100000 }}", "power"),
+        ("{% for i in range(100000) %}{% for j in range(10) %}{% endfor %}{% endfor %}", "range"),
+        ("{{ 'x' * 10**9 }}", "repetition"),
+        ("{{ [0] * 10**9 }}", "repetition"),
+        ("{{ 'x'.center(10**9) }}", "width"),
+        ("{{ 'x'|center(10**9) }}", "width"),
+        ("{{ '%999999999d' % 1 }}", "format width"),
+        ("{{ '{:>999999999}'.format(1) }}", "format width"),
+        ("{{ ('x' * 100000)|replace('x', 'x' * 1000) }}", "replace"),
+        ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+         "{% endfor %}", "over"),
+        ("{% macro m() %}{% for i in range(10000) %}{{ 'y' * 100000 }}{% endfor %}{% endmacro %}"
+         "{{ m() }}", "output"),
+        ("{% for i in range(10000) %}{{ 'y' * 1000 }}{% endfor %}", "output"),
+        ("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "recursion"),
+        ("{{ 1 / 0 }}", "division"),
+        ("{{ 'a' + 1 }}", "concatenate"),
+        ("{{ [1]|slice(10**8)|list }}", "width"),
+    ],
+)  # fmt: skip
+def test_render_budgets_are_bad_input(source, reason):
+    with pytest.raises(BadInputError, match=reason) as refused:
+        _render(source)
+    assert refused.value.where.startswith("t.jinja:")
+
+
+def test_render_time_is_bounded_by_the_clock():
+    ticks = iter(range(10**9))
+    # Each reading of this clock is one second later: the render stops at its 2 s deadline.
+    with pytest.raises(BadInputError, match="over 2s"):
+        _render("{% for i in range(50) %}{{ i }}{% endfor %}", clock=lambda: float(next(ticks)))
+
+
+def test_nested_loops_over_strings_stop_at_the_step_budget():
+    source = "{% for a in 'x' * 100000 %}{% for b in 'y' * 100000 %}{% endfor %}{% endfor %}"
+    with pytest.raises(BadInputError, match=r"steps|over"):
+        _render(source)
+
+
+def test_errors_name_the_line():
+    with pytest.raises(BadInputError) as refused:
+        _render("first\nsecond\n{{ 1 // 0 }}")
+    assert refused.value.where == "t.jinja:3"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% include '../secrets.j2' %}",
+        "{% include '/etc/passwd' %}",
+        "{% include ['ok.j2', '../../etc/passwd'] %}",
+        "{% import '../macros.j2' as m %}",
+        "{% from '/abs/macros.j2' import x %}",
+        "{% extends '../../base.j2' %}",
+    ],
+)
+def test_references_leaving_the_repository_are_refused_at_parse_time(source):
+    with pytest.raises(BadInputError, match="refused") as refused:
+        _one(source)
+    assert refused.value.where == "t.jinja:1"
+
+
+def test_includes_resolve_only_inside_the_repository():
+    files = {"parts/head.j2": "Head {{ name }}.", "base.j2": "<{% block b %}{% endblock %}>"}
+    assert _render("{% include 'parts/head.j2' %}!", {"name": "N"}, files) == "Head N.!"
+    assert _render("{% extends 'base.j2' %}{% block b %}x{% endblock %}", {}, files) == "<x>"
+    with pytest.raises(BadInputError, match="leaves the repository") as refused:
+        _render("{% include name %}", {"name": "/etc/passwd"}, files)
+    assert refused.value.where == "t.jinja:1"
+    with pytest.raises(BadInputError, match="leaves the repository"):
+        _render("{% include name %}", {"name": "../../etc/passwd"}, files)
+    with pytest.raises(BadInputError, match="no template"):
+        _render("{% include 'parts/head.j2' %}")  # no files given: nothing to include
+
+
+def test_an_included_template_is_checked_too():
+    files = {"deep.j2": DEEP_IF, "self.j2": "{% include 'self.j2' %}"}
+    with pytest.raises(BadInputError, match="nested deeper"):
+        _render("{% include 'deep.j2' %}", {}, files)
+    with pytest.raises(BadInputError, match="recursion"):
+        _render("{% include 'self.j2' %}", {}, files)
+
+
+def test_ordinary_templates_render_within_the_budgets():
+    source = (
+        "System.\n{% for m in messages %}<|{{ m.role }}|>{{ m.content|trim }}\n{% endfor %}"
+        "{{ '%5.2f' % 3.14159 }} {{ '{:>8}'.format('x') }} {{ 2 ** 10 }} {{ 'ab' * 3 }}"
+        "{% set ns = namespace(n=0) %}{% for i in range(100) %}{% set ns.n = ns.n + i %}"
+        "{% endfor %}{{ ns.n }} {{ 123456789|string }} {{ 'a-b'|replace('-', '+') }}"
+    )
+    messages = [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]
+    out = _render(source, {"messages": messages})
+    assert (
+        out == "System.\n<|user|>hi\n<|assistant|>yo\n 3.14        x 1024 ababab4950 123456789 a+b"
+    )

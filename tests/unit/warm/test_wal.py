@@ -7,11 +7,14 @@ import pytest
 from pipeline.errors import ConsistencyError
 from pipeline.wal import (
     Effect,
+    PlanProgress,
     Transaction,
     TxnState,
+    batches_to_resume,
     can_move,
     irreversible,
     is_orphaned,
+    is_stalled,
     redis_before_image,
     rollback_order,
 )
@@ -57,3 +60,33 @@ def test_orphans_are_open_transactions_with_expired_leases():
 def test_before_image_of_an_absent_key_has_no_ttl():
     assert redis_before_image(None, -2) == {"value": None, "ttl_ms": -1}
     assert redis_before_image(b"x", 1500) == {"value": "x", "ttl_ms": 1500}
+
+
+# --- plans after a worker died --------------------------------------------------------------
+
+
+def _progress(done=(), claimed=(), live=0, last_active=100.0, batches=4):
+    return PlanProgress("p", batches, frozenset(done), frozenset(claimed), live, last_active)
+
+
+def test_a_plan_silent_for_one_lease_with_nothing_running_is_stalled():
+    progress = _progress(done={0, 1})
+    assert not is_stalled(progress, now=129.0, stall_s=30)
+    assert is_stalled(progress, now=131.0, stall_s=30)
+    assert batches_to_resume(progress) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "progress",
+    [
+        _progress(done={0, 1, 2, 3}),  # finished
+        _progress(done={0}, claimed={1}),  # a worker holds its next batch
+        _progress(done={0}, live=1),  # a transaction's lease is still running
+    ],
+)
+def test_a_running_or_finished_plan_is_never_stalled(progress):
+    assert not is_stalled(progress, now=10_000.0, stall_s=30)
+
+
+def test_resume_keeps_plan_order_and_skips_finished_batches():
+    assert batches_to_resume(_progress(done={0, 2}, batches=5)) == [1, 3, 4]
