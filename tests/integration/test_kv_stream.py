@@ -22,7 +22,7 @@ from pipeline.kv_holdings import ReplicaHoldings
 from tasks.kv_subscriber import KvSubscriber, Received
 
 pytestmark = pytest.mark.integration
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 
 
 def prompt(n: int, length: int = 80) -> str:

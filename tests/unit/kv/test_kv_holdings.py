@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
