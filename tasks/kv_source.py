@@ -94,12 +94,19 @@ def restore_replica(
     return submit_plan(plan, engine, settings=settings)
 
 
-def _start_time(settings: Settings, engine: str) -> float | None:
-    """The engine's process start time from its ``/metrics`` (None when it does not answer)."""
+def _configured(settings: Settings, engine: str) -> bool:
+    return any(e.name == engine for e in settings.engines)
+
+
+def _engine_state(settings: Settings, engine: str) -> tuple[bool, float | None]:
+    """Whether the engine answers, and its process start time from ``/metrics`` (None when it
+    does not say or is not configured: then only the stream tells a restart)."""
     from tasks.engine_watch import observe
 
+    if not _configured(settings, engine):
+        return False, None
     observation, _ = observe(settings.engine(engine), timeout_s=2.0)
-    return observation.start_time if observation.healthy else None
+    return observation.healthy, observation.start_time if observation.healthy else None
 
 
 @dataclass
@@ -112,6 +119,7 @@ class _Follower:
     restore: bool
     report: FollowReport = field(default_factory=FollowReport)
     started_at: float | None = None
+    restore_pending: bool = False
 
     def step(self, timeout_s: float) -> None:
         for chunk in self.subscriber.receive(timeout_s):
@@ -132,24 +140,35 @@ class _Follower:
             self.after_reset()
 
     def after_reset(self) -> None:
+        """Restore once the engine answers again (it may still be loading its model)."""
         self.report.resets += 1
-        self.started_at = _start_time(self.settings, self.source.engine) or self.started_at
+        self.state.apply(*self.holdings.take_changes())
         if not self.restore or not self.holdings.before_reset:
             return
-        self.state.apply(*self.holdings.take_changes())
+        if not _configured(self.settings, self.source.engine):
+            log.warning("engine %s is not configured: nothing restored", self.source.engine)
+            return
+        self.restore_pending = True
+        self.probe()
+
+    def submit_restore(self) -> None:
+        self.restore_pending = False
         plan_id = restore_replica(self.settings, self.source.engine, self.holdings)
         if plan_id:
             self.report.restores.append(plan_id)
+            self.state.heartbeat({"last_restore": plan_id, "restores": len(self.report.restores)})
             log.info("engine %s: restore plan %s submitted", self.source.engine, plan_id)
 
     def probe(self) -> None:
-        """A new process start time means a restart the stream may not show yet."""
-        started = _start_time(self.settings, self.source.engine)
-        if started is None:
-            return
-        if self.started_at is not None and started != self.started_at:
-            self.lost_cache()
-        self.started_at = started
+        """Is the engine up (then a pending restore goes), and did it restart (a new process
+        start time: a restart the stream may not show yet)?"""
+        up, started = _engine_state(self.settings, self.source.engine)
+        if started is not None:
+            previous, self.started_at = self.started_at, started
+            if previous is not None and started != previous:
+                self.lost_cache()
+        if up and self.restore_pending:
+            self.submit_restore()
 
     def persist(self, window_closed_before: float | None) -> None:
         save_holdings(self.settings.data_dir, self.holdings, self.subscriber.cursor)
@@ -194,7 +213,8 @@ def follow(
                 next_persist = now + persist_s
             if now >= next_probe:
                 follower.probe()
-                next_probe = now + probe_s
+                # waiting to restore: ask again soon, the engine is coming back
+                next_probe = now + (1.0 if follower.restore_pending else probe_s)
         follower.persist(window_closed_before=None)
     finally:
         subscriber.close()

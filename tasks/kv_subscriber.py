@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from pipeline.errors import SettingsError
 from pipeline.kv_events import (
@@ -80,9 +81,11 @@ class KvSubscriber:
         topic: str = "",
         cursor: Cursor | None = None,
         replay_timeout_s: float = 2.0,
+        idle_check_s: float = 5.0,
     ) -> None:
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
-        self.replay_timeout_s = replay_timeout_s
+        self.replay_timeout_s, self.idle_check_s = replay_timeout_s, idle_check_s
+        self._checked_at = time.monotonic()
         self.cursor = cursor
         self.decoder = KvEventDecoder()
         self.counters = StreamCounters(rejects=self.decoder.rejects)
@@ -100,14 +103,54 @@ class KvSubscriber:
             self._sub.close(linger=0)
             raise SettingsError(f"cannot subscribe ({exc})", where=f"kv-events {endpoint}") from exc
         self._resumed = cursor is None
+        self._monitor = self._sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self._connections = 0
 
     def close(self) -> None:
+        """Close the sockets; idempotent."""
+        if self._sub.closed:
+            return
+        self._sub.disable_monitor()
+        self._monitor.close(linger=0)
         self._sub.close(linger=0)
+
+    def _reconnected(self) -> bool:
+        """Whether the SUB socket connected again since the last call (not its first connect)."""
+        again = False
+        while self._monitor.poll(0):
+            recv_monitor_message(self._monitor)
+            self._connections += 1
+            again = again or self._connections > 1
+        return again
+
+    def _due_check(self) -> bool:
+        """Time to ask whether the publisher is still the one we follow: the SUB socket
+        reconnected, or nothing arrived for ``idle_check_s`` (an engine that restarted
+        publishes nothing until it serves a request)."""
+        now = time.monotonic()
+        due = self._reconnected() or now - self._checked_at > self.idle_check_s
+        if due:
+            self._checked_at = now
+        return due
+
+    def _publisher_is_new(self) -> bool:
+        """Asked on a reconnect: does the publisher still have the batch at our cursor, with the
+        payload we saw? A restarted one has not (it counts from 0 again)."""
+        if self.cursor is None or self.replay_endpoint is None:
+            return False
+        replayed, ended = self._replay_ended(self.cursor.seq, self.cursor.seq + 1)
+        if not ended:  # the replay socket did not answer: cannot tell
+            return False
+        return not replayed or replayed[0][1] != self.cursor.digest
 
     def receive(self, timeout_s: float = 0.5, max_messages: int = 1000) -> list[Received]:
         """What arrived within ``timeout_s``, gaps filled in, in order: one chunk, or one more
         per publisher restart (a chunk with ``restarted`` starts with the new publisher)."""
         chunks: list[Received] = []
+        if self._due_check() and self._publisher_is_new():
+            self.counters.restarts += 1
+            self.cursor = None
+            chunks.append(Received([], restarted=True))
         if not self._sub.poll(int(timeout_s * 1000)):
             return chunks
         for _ in range(max_messages):
@@ -115,6 +158,7 @@ class KvSubscriber:
                 frames = self._sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            self._checked_at = time.monotonic()
             step = self._take(frames)
             if step.restarted or not chunks:
                 chunks.append(Received(list(step.messages), step.restarted))
@@ -174,8 +218,12 @@ class KvSubscriber:
     def _replay(self, start: int, end: int) -> list[tuple[KvMessage, str]]:
         """Batches ``start..end-1`` from the replay socket (what it still buffers), with digests;
         the batch at ``start`` comes first when the publisher still has it."""
+        return self._replay_ended(start, end)[0]
+
+    def _replay_ended(self, start: int, end: int) -> tuple[list[tuple[KvMessage, str]], bool]:
+        """:meth:`_replay`, and whether the publisher's end marker came within the timeout."""
         if self.replay_endpoint is None or start >= end:
-            return []
+            return [], False
         sock = self._ctx.socket(zmq.DEALER)
         sock.connect(self.replay_endpoint)
         out: list[tuple[KvMessage, str]] = []
@@ -185,13 +233,13 @@ class KvSubscriber:
             while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000)):
                 frames = sock.recv_multipart()
                 if len(frames) == 4 and _is_end(frames[2]):
-                    return out
+                    return out, True
                 message = self.decoder.decode_frames(frames[1:]) if len(frames) == 4 else None
                 if message is not None and message.seq < end:
                     self.counters.replayed += 1
                     out.append((message, payload_digest(frames[3])))
             self.counters.replay_failures += 1
-            return out
+            return out, False
         finally:
             sock.close(linger=0)
 

@@ -76,6 +76,21 @@ def removed_event(chain_hashes: Sequence[str]) -> BlockRemoved:
     return BlockRemoved(block_hashes=[wire_hash(h) for h in chain_hashes], medium=MEDIUM_GPU)
 
 
+def _bound(sock: zmq.Socket[bytes], endpoint: str, wait_s: float = 3.0) -> zmq.Socket[bytes]:
+    """``sock`` bound to ``endpoint``; a restarted simulator waits (up to ``wait_s``) for its
+    predecessor's sockets, which ZMQ closes in the background, to let go of the port."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock.bind(endpoint)
+            return sock
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.05)
+
+
 class KvEventPublisher:
     """PUB + ROUTER replay on a background thread; :meth:`publish` queues one batch."""
 
@@ -92,13 +107,13 @@ class KvEventPublisher:
         self.topic = topic.encode()
         self._queue: queue.Queue[EventBatch | None] = queue.Queue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.bind(endpoint)
+        # a context of its own, terminated on close: every connection of this publisher ends
+        # with it, as when an engine process exits
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._pub = _bound(self._ctx.socket(zmq.PUB), endpoint)
         self._replay: zmq.Socket[bytes] | None = None
         if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.bind(replay_endpoint)
+            self._replay = _bound(self._ctx.socket(zmq.ROUTER), replay_endpoint)
         self.published = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name="kv-publisher")
         self._thread.start()
@@ -116,6 +131,7 @@ class KvEventPublisher:
         """Send what is queued, stop the thread and close both sockets (their ports free)."""
         self._queue.put(None)
         self._thread.join(timeout)
+        self._ctx.term()
 
     def _run(self) -> None:
         try:

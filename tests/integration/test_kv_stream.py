@@ -22,7 +22,20 @@ from pipeline.kv_holdings import ReplicaHoldings
 from tasks.kv_subscriber import KvSubscriber, Received
 
 pytestmark = pytest.mark.integration
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
 
 
 def prompt(n: int, length: int = 80) -> str:
@@ -198,3 +211,23 @@ def test_malformed_frames_are_counted_never_fatal():
     finally:
         sub.close()
         pub.close(linger=0)
+
+
+def test_a_publisher_restart_is_detected_before_any_new_traffic(sim):
+    """An engine that restarts publishes nothing until it serves a request; the reconnect of
+    the SUB socket is the cue to ask the replay socket whether the publisher is a new one."""
+    sub = subscriber(sim)
+    try:
+        joined(sub, sim)
+        send(sim, range(2))
+        collect(sub, 2)
+        assert sub.counters.restarts == 0
+        sim.restart()
+        chunks: list[Received] = []
+        deadline = time.monotonic() + 15
+        while not chunks and time.monotonic() < deadline:
+            chunks = sub.receive(timeout_s=0.2)
+        assert chunks and chunks[0].restarted and not chunks[0].messages
+        assert sub.counters.restarts == 1
+    finally:
+        sub.close()
