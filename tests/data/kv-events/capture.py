@@ -3,7 +3,6 @@
 Run from the repository root in the project venv (it starts the vLLM CPU server of
 ``../shared/ENGINES.md`` at INFO level without request logging)::
 
-    flock /tmp/prewarm-vllm.lock python -m tests.data.kv-events.capture  # (see README)
     flock /tmp/prewarm-vllm.lock python tests/data/kv-events/capture.py
 
 Writes ``vllm-<version>-cpu.frames.msgpack`` (every multipart message as received, in order:
@@ -28,13 +27,16 @@ import zmq
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engines.engine import SERVED_NAME, free_port, vllm_python  # noqa: E402
-from tests.engines.kv_vllm import KvEventsVllmServer  # noqa: E402
+from benchmarks.engines.engine import SERVED_NAME, free_port, vllm_python  # noqa: E402 (run as a script: sys.path first)
+from tests.engines.kv_vllm import KvEventsVllmServer  # noqa: E402 (run as a script: sys.path first)
 
 HERE = Path(__file__).resolve().parent
-WORDS = "account balance cache client contract customer data delivery document engine invoice \
-ledger message order payment policy price product query report request review schedule service \
-summary supplier system table task template tenant ticket token update user value vendor".split()
+WORDS = (
+    "account balance cache client contract customer data delivery document engine invoice "
+    "ledger message order payment policy price product query report request review schedule "
+    "service summary supplier system table task template tenant ticket token update user value "
+    "vendor"
+).split()
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -105,8 +107,9 @@ def drive(server: KvEventsVllmServer, recorder: Recorder) -> list[dict]:
         complete(client, log, prompt=head + " " + words(rng, 200))  # extends the head's chain
         complete(client, log, prompt=head, cache_salt="tenant-a")  # a salted chain
         ids = stored_token_ids(recorder.messages)
-        complete(client, log, prompt=ids + [17, 18, 19])  # the event's own ids: a cache hit
-        messages = [{"role": "system", "content": words(rng, 250)}, {"role": "user", "content": "hi"}]
+        complete(client, log, prompt=[*ids, 17, 18, 19])  # the event's own ids: a cache hit
+        system = {"role": "system", "content": words(rng, 250)}
+        messages = [system, {"role": "user", "content": "hi"}]
         client.post("/v1/chat/completions", json={"model": SERVED_NAME, "messages": messages,
                                                  "max_tokens": 1}).raise_for_status()  # fmt: skip
         for _ in range(12):  # distinct prompts overflow the small cache: BlockRemoved
