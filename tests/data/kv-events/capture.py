@@ -31,12 +31,45 @@ from benchmarks.engines.engine import SERVED_NAME, free_port, vllm_python  # noq
 from tests.engines.kv_vllm import KvEventsVllmServer  # noqa: E402 (run as a script: sys.path first)
 
 HERE = Path(__file__).resolve().parent
-WORDS = (
-    "account balance cache client contract customer data delivery document engine invoice "
-    "ledger message order payment policy price product query report request review schedule "
-    "service summary supplier system table task template tenant ticket token update user value "
-    "vendor"
-).split()
+WORDS = [
+    "account",
+    "balance",
+    "cache",
+    "client",
+    "contract",
+    "customer",
+    "data",
+    "delivery",
+    "document",
+    "engine",
+    "invoice",
+    "ledger",
+    "message",
+    "order",
+    "payment",
+    "policy",
+    "price",
+    "product",
+    "query",
+    "report",
+    "request",
+    "review",
+    "schedule",
+    "service",
+    "summary",
+    "supplier",
+    "system",
+    "table",
+    "task",
+    "template",
+    "tenant",
+    "ticket",
+    "token",
+    "update",
+    "user",
+    "value",
+    "vendor",
+]
 
 
 def words(rng: random.Random, n: int) -> str:
