@@ -78,9 +78,13 @@ def restore_plan(settings: Settings, engine: str, holdings: ReplicaHoldings) -> 
 
 
 def restore_replica(
-    settings: Settings, engine: str, holdings: ReplicaHoldings | None = None
+    settings: Settings,
+    engine: str,
+    holdings: ReplicaHoldings | None = None,
+    queue: str | None = None,
 ) -> str | None:
-    """Submit :func:`restore_plan`; None when there is nothing to restore."""
+    """Submit :func:`restore_plan` (to ``queue``, default ``warm``); None when there is
+    nothing to restore."""
     from tasks.warm import submit_plan
 
     if holdings is None:
@@ -91,7 +95,7 @@ def restore_replica(
     plan = restore_plan(settings, engine, holdings)
     if not plan.items:
         return None
-    return submit_plan(plan, engine, settings=settings)
+    return submit_plan(plan, engine, settings=settings, queue=queue)
 
 
 def _configured(settings: Settings, engine: str) -> bool:
@@ -117,6 +121,7 @@ class _Follower:
     holdings: ReplicaHoldings
     subscriber: KvSubscriber
     restore: bool
+    queue: str | None = None
     report: FollowReport = field(default_factory=FollowReport)
     started_at: float | None = None
     restore_pending: bool = False
@@ -153,7 +158,7 @@ class _Follower:
 
     def submit_restore(self) -> None:
         self.restore_pending = False
-        plan_id = restore_replica(self.settings, self.source.engine, self.holdings)
+        plan_id = restore_replica(self.settings, self.source.engine, self.holdings, self.queue)
         if plan_id:
             self.report.restores.append(plan_id)
             self.state.heartbeat({"last_restore": plan_id, "restores": len(self.report.restores)})
@@ -189,6 +194,7 @@ def follow(
     *,
     stop: threading.Event | None = None,
     restore: bool = True,
+    queue: str | None = None,
     probe_s: float = 5.0,
     persist_s: float = 1.0,
 ) -> FollowReport:
@@ -201,7 +207,7 @@ def follow(
     )
     state = KvStateStore(store, source.engine)
     state.replace(holdings.held_contents())
-    follower = _Follower(source, settings, state, holdings, subscriber, restore)
+    follower = _Follower(source, settings, state, holdings, subscriber, restore, queue)
     follower.probe()
     next_probe = next_persist = time.monotonic()
     try:
