@@ -67,8 +67,8 @@ def test_a_restarted_engine_is_restored_from_its_events_alone(
     sim, tmp_path: Path, store_url, celery_app_configured
 ):
     config = tmp_path / "prewarm.toml"
-    config.write_text(f'wal_lease_s = 5\ndata_dir = "{tmp_path / "data"}"\n\n[[engines]]\n'
-                      f'name = "sim"\nurl = "{sim.url}"\nmodel = "sim-llm"\nkind = "simulator"\n')  # fmt: skip
+    engine = f'name = "sim"\nurl = "{sim.url}"\nmodel = "sim-llm"\nkind = "simulator"\n'
+    config.write_text(f'wal_lease_s = 5\ndata_dir = "{tmp_path / "data"}"\n\n[[engines]]\n{engine}')
     env = {"PREWARM_REDIS_URL": BROKER_URL, "PREWARM_STORE_URL": STORE_URL}
     settings = load_settings(environ=env, config_path=config)
     store = redis.Redis.from_url(STORE_URL)
