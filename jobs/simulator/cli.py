@@ -39,6 +39,10 @@ def simulator(
     """Serve the engine SIMULATOR (OpenAI-compatible, vLLM-format logs; latencies simulated)."""
     from jobs.simulator import runner
     from jobs.simulator.engine import LatencyModel, SimulatorConfig
+    from pipeline.errors import BadInputError
+
+    if kv_events_form not in ("map", "array"):
+        raise BadInputError("must be map or array", where="--kv-events-form")
 
     config = SimulatorConfig(
         model=model,
@@ -52,6 +56,7 @@ def simulator(
         kv_events_endpoint=kv_events_endpoint,
         kv_replay_endpoint=kv_replay_endpoint,
         kv_events_form="array" if kv_events_form == "array" else "map",
+        # (checked above: only "map" or "array" get here)
     )
     stream = runner.stdout_log() if stdout_log else None
     runner.SimulatorServer(config, host=host, port=port, log_stream=stream).serve_forever()

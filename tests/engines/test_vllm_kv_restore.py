@@ -59,6 +59,38 @@ def kv_service(env: dict[str, str], server: KvEventsVllmServer, log: Path) -> It
         proc.wait(30)
 
 
+@contextmanager
+def recorded(endpoint: str, out: Path) -> Iterator[list[list[bytes]]]:
+    """Every PUB message while the block runs, written to ``out`` as the capture is (a recorded
+    stream of a busy replica for ``benchmarks/kv_decode_bench.py``)."""
+    import threading
+
+    import msgspec
+    import zmq
+
+    frames: list[list[bytes]] = []
+    stop = threading.Event()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+
+    def listen() -> None:
+        while not stop.is_set():
+            if sub.poll(100):
+                frames.append(sub.recv_multipart())
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    try:
+        yield frames
+    finally:
+        time.sleep(1.0)
+        stop.set()
+        thread.join()
+        sub.close(linger=0)
+        out.write_bytes(msgspec.msgpack.encode([{"socket": "pub", "frames": f} for f in frames]))
+
+
 def wait_for(check, timeout_s: float, what: str, every_s: float = 0.5):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -100,7 +132,8 @@ def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):
         history = server("history")
         with kv_service(env, history, tmp_path / "kv-events.log"):
             wait_for(state.alive, 60, "kv-events service alive")
-            with history:
+            stream = tmp_path / "history.frames.msgpack"
+            with history, recorded(history.events_endpoint, stream):
                 replay(history.url, workload.history, workload.templates, SERVED_NAME)
                 held = wait_for(lambda: int(state.status().get("held", 0)), 30, "events seen")
             restored = server("prewarm")
@@ -129,6 +162,9 @@ def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):
     ttft_pre = statistics.median(with_prewarm[p].ttft_s for p in firsts)
     ttft_none = statistics.median(without[p].ttft_s for p in firsts)
     requests = sum(r.get("engine_requests", 0) for r in results)
+    from benchmarks.kv_decode_bench import load, stream_rate
+
+    busy = stream_rate(load(stream))
     numbers = {
         "first_uses_of_cached_prefixes": len(firsts),
         "served_from_cache": sum(hits),
@@ -142,6 +178,7 @@ def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):
         "engine_requests_for_restore": requests,
         "engine_ready_s": round(ready_s, 1),
         "cached_tokens_first_uses": [with_prewarm[p].cached_tokens for p in firsts],
+        "history_stream": {**busy, "file": str(stream)},
     }
     print(json.dumps(numbers))
     (tmp_path / "numbers.json").write_text(json.dumps(numbers, indent=1))
