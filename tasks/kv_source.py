@@ -125,6 +125,7 @@ class _Follower:
     report: FollowReport = field(default_factory=FollowReport)
     started_at: float | None = None
     restore_pending: bool = False
+    saved: tuple[int, int] = (-1, -1)
 
     def step(self, timeout_s: float) -> None:
         for chunk in self.subscriber.receive(timeout_s):
@@ -176,7 +177,12 @@ class _Follower:
             self.submit_restore()
 
     def persist(self, window_closed_before: float | None) -> None:
-        save_holdings(self.settings.data_dir, self.holdings, self.subscriber.cursor)
+        """Heartbeat and closed windows' counts; the snapshot only when something changed (it
+        holds every known block's tokens: ~1 KiB a block)."""
+        version = (self.report.batches, self.holdings.resets)
+        if version != self.saved or window_closed_before is None:
+            save_holdings(self.settings.data_dir, self.holdings, self.subscriber.cursor)
+            self.saved = version
         counts = self.holdings.take_counts(window_closed_before)
         append_counts(self.settings.data_dir, self.source.engine, counts)
         cursor = self.subscriber.cursor
