@@ -25,11 +25,8 @@ from pathlib import Path
 import pandas as pd
 import redis
 
-from pipeline.kv_holdings import (
-    ReplicaHoldings,
-    holdings_from_bytes,
-    holdings_to_bytes,
-)
+from pipeline.kv_holdings import ReplicaHoldings
+from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
 from tasks.kv_subscriber import Cursor
 
 PREFIX = "pw:kv:"

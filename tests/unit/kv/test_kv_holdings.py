@@ -21,10 +21,9 @@ from pipeline.kv_holdings import (
     ReplicaHoldings,
     chain_content_keys,
     chain_held,
-    holdings_from_bytes,
-    holdings_to_bytes,
     restore_candidates,
 )
+from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
 from pipeline.plan import WarmItem
 from tests.unit.kv.test_kv_events import DATA, captured
 
