@@ -75,6 +75,7 @@ class WarmItem:
     template: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     next_use_s: float | None = None
+    token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ITEM_KINDS:
@@ -106,6 +107,8 @@ class WarmItem:
         values = dict(data)
         if values.get("messages") is not None:
             values["messages"] = tuple(dict(m) for m in values["messages"])
+        if values.get("token_ids") is not None:
+            values["token_ids"] = tuple(values["token_ids"])
         try:
             return cls(**values)
         except TypeError as exc:

@@ -112,7 +112,7 @@ class EngineClient:
             if logprobs:
                 payload["logprobs"] = True
         else:
-            payload["prompt"] = item.text
+            payload["prompt"] = _prompt(item)
             if logprobs:
                 payload["logprobs"] = 1
         started = time.perf_counter()
@@ -130,7 +130,7 @@ class EngineClient:
             "model": first.adapter or self.engine.model,
             "max_tokens": max_tokens,
             "temperature": 0.0,
-            "prompt": [item.text for item in items],
+            "prompt": [_prompt(item) for item in items],
         }
         self._salt(payload, first)
         started = time.perf_counter()
@@ -166,6 +166,11 @@ class EngineClient:
         payload = {"model": model or self.engine.model, "input": texts}
         data = self.post("/v1/embeddings", payload).json()["data"]
         return [row["embedding"] for row in sorted(data, key=lambda row: row["index"])]
+
+
+def _prompt(item: WarmItem) -> str | list[int] | None:
+    """A text prompt, or the exact token ids of a prefix learned from KV-cache events."""
+    return list(item.token_ids) if item.token_ids is not None else item.text
 
 
 def _completion(body: Mapping[str, Any], elapsed: float, chat: bool) -> Completion:

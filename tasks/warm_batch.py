@@ -25,6 +25,7 @@ from pipeline.plan import WarmItem
 from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.engine_client import EngineClient, RetryPolicy
 from tasks.engine_semaphore import EngineSemaphore
+from tasks.kv_source import confirmed_by_events
 from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings
 from tasks.targets import adapter as adapter_target
@@ -193,7 +194,7 @@ class BatchRunner:
             r for chunk in _chunks(items, ctx.options.apply_chunk) for r in apply_items(chunk, ctx)
         ]
         if ctx.options.verify:
-            verify_items(items, results, ctx)
+            verify_items(*confirmed_by_events(items, results, ctx), ctx)
         summary = _summary(plan_id, batch, ctx, "committed", results, started)
         with self.store.pipeline() as pipe:
             self.plans.record_result(pipe, plan_id, summary)
@@ -212,7 +213,7 @@ class BatchRunner:
                 results.extend(apply_items(chunk, ctx))
             wal.move(txn_id, owner, TxnState.VERIFYING)
             if ctx.options.verify:
-                verify_items(items, results, ctx)
+                verify_items(*confirmed_by_events(items, results, ctx), ctx)
         except LeaseLost:
             raise
         except PrewarmError as exc:

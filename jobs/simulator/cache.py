@@ -51,16 +51,19 @@ class BlockPrefixCache:
             hits += 1
         return CacheLookup(hit_blocks=hits, query_blocks=len(chain))
 
-    def insert(self, chain: Sequence[str]) -> None:
-        """Store every block of ``chain`` (most recent last), evicting the least recently used."""
+    def insert(self, chain: Sequence[str]) -> list[str]:
+        """Store every block of ``chain`` (most recent last), evicting the least recently used;
+        returns the evicted blocks."""
         for block_hash in chain:
             if block_hash in self._blocks:
                 self._blocks.move_to_end(block_hash)
             else:
                 self._blocks[block_hash] = None
+        evicted = []
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            evicted.append(self._blocks.popitem(last=False)[0])
             self.evictions += 1
+        return evicted
 
     def clear(self) -> int:
         """Drop every block (as a restart or ``/reset_prefix_cache`` does); returns how many."""

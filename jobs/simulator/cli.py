@@ -26,10 +26,23 @@ def simulator(
     stats_interval_s: Annotated[float, Opt(min=0.1, help="Seconds between stats lines.")] = 10.0,
     log_file: Annotated[Path | None, Opt(help="Also append the vLLM-format log here.")] = None,
     stdout_log: Annotated[bool, Opt(help="Write the vLLM-format log to standard output.")] = True,
+    kv_events_endpoint: Annotated[
+        str | None, Opt(help="Publish KV-cache events here, as vLLM (e.g. tcp://*:5557).")
+    ] = None,
+    kv_replay_endpoint: Annotated[
+        str | None, Opt(help="Replay missed KV-event batches here (e.g. tcp://*:5558).")
+    ] = None,
+    kv_events_form: Annotated[
+        str, Opt(help="Wire form of the events: map (current vLLM) or array (older vLLM).")
+    ] = "map",
 ) -> None:
     """Serve the engine SIMULATOR (OpenAI-compatible, vLLM-format logs; latencies simulated)."""
     from jobs.simulator import runner
     from jobs.simulator.engine import LatencyModel, SimulatorConfig
+    from pipeline.errors import BadInputError
+
+    if kv_events_form not in ("map", "array"):
+        raise BadInputError("must be map or array", where="--kv-events-form")
 
     config = SimulatorConfig(
         model=model,
@@ -40,6 +53,10 @@ def simulator(
         max_model_len=max_model_len,
         stats_interval_s=stats_interval_s,
         log_file=log_file,
+        kv_events_endpoint=kv_events_endpoint,
+        kv_replay_endpoint=kv_replay_endpoint,
+        kv_events_form="array" if kv_events_form == "array" else "map",
+        # (checked above: only "map" or "array" get here)
     )
     stream = runner.stdout_log() if stdout_log else None
     runner.SimulatorServer(config, host=host, port=port, log_stream=stream).serve_forever()

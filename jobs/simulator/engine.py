@@ -17,12 +17,14 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from jobs.simulator.cache import BlockPrefixCache
+from jobs.simulator.kv_publisher import KvEventPublisher, removed_event, stored_event
 from jobs.simulator.metrics import EngineMetrics
 from jobs.simulator.outputs import SimulatedToken, generate_tokens, natural_length, token_id
 from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter, lora_request_repr
-from pipeline.prefix import block_hashes, block_hashes_from_ids, pseudo_tokens
+from pipeline.prefix import block_hashes_from_ids, pseudo_tokens
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ class SimulatorConfig:
     adapter_load_ms: float = 0.0
     log_file: Path | None = None
     faults: FaultInjection = field(default_factory=FaultInjection)
+    #: KV-cache events in vLLM's wire format: PUB endpoint, ROUTER replay endpoint, form.
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
+    kv_events_form: Literal["map", "array"] = "map"
 
 
 class ModelNotFoundError(LookupError):
@@ -108,9 +114,12 @@ class GenerationRequest:
 
 @functools.lru_cache(maxsize=4096)
 def _text_tokens(prompt: str, block_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Token ids and block chain of a prompt; memoised, as a probe repeats its priming prompt."""
+    """Token ids and block chain of a prompt; memoised, as a probe repeats its priming prompt.
+
+    The chain is hashed from the token ids, as an engine hashes them, so a prompt sent as text
+    and the same prompt sent as its token ids share their cached blocks."""
     ids = tuple(map(token_id, pseudo_tokens(prompt)))
-    return ids, tuple(block_hashes(prompt, block_size))
+    return ids, tuple(block_hashes_from_ids(ids, block_size))
 
 
 def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
@@ -165,6 +174,16 @@ class SimulatedEngine:
         self.waiting = 0
         self._slots: asyncio.Semaphore | None = None
         self._next_adapter_id = 1
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events_endpoint is not None:
+            self.kv_events = KvEventPublisher(
+                config.kv_events_endpoint, config.kv_replay_endpoint, form=config.kv_events_form
+            )
+
+    def close(self) -> None:
+        """Stop publishing KV-cache events (frees their ports)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     # -- models and adapters -------------------------------------------------------------
 
@@ -213,7 +232,28 @@ class SimulatedEngine:
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block; returns how many were dropped."""
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return self.cache.clear()
+
+    def store_blocks(self, generation: Generation) -> None:
+        """Cache a prefilled prompt's blocks; publish what was stored and what was evicted."""
+        chain, cache = generation.chain, self.cache
+        fresh = [i for i, h in enumerate(chain) if h not in cache]
+        evicted = cache.insert(chain)
+        if self.kv_events is None:
+            return
+        request, size = generation.request, self.config.block_size
+        lora = (request.adapter.name, request.adapter.int_id) if request.adapter else None
+        runs = [i for n, i in enumerate(fresh) if n == 0 or fresh[n - 1] != i - 1]
+        ends = [i + 1 for n, i in enumerate(fresh) if n + 1 == len(fresh) or fresh[n + 1] != i + 1]
+        events: list = [
+            stored_event(chain, generation.ids, start, end, size, lora, request.cache_salt)
+            for start, end in zip(runs, ends, strict=True)
+        ]
+        if evicted:
+            events.append(removed_event(evicted))
+        self.kv_events.publish(events)
 
     def stats_line(self) -> tuple[str, bool]:
         """The periodic stats message and whether the interval was idle."""
@@ -247,6 +287,7 @@ class Generation:
         self.engine = engine
         self.request = request
         self.prompt_tokens = len(ids)
+        self.ids = ids
         self.chain = chain
         self.cached_tokens = 0
         self.ttft_s = 0.0
@@ -290,7 +331,7 @@ class Generation:
         )
         self.cached_tokens = hit.hit_blocks * engine.config.block_size
         await _sleep(engine.config.latency.prefill_s(self.prompt_tokens - self.cached_tokens))
-        engine.cache.insert(self.chain)
+        engine.store_blocks(self)
         self.ttft_s = time.monotonic() - self._started
         self._record_prefill()
 

@@ -110,6 +110,8 @@ class SimulatorServer:
             self._server.should_exit = True
             self._thread.join(timeout)
         self._server = self._thread = None
+        if self.engine is not None:
+            self.engine.close()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -125,6 +127,8 @@ class SimulatorServer:
         try:
             server.run(sockets=[sock])
         finally:
+            if self.engine is not None:
+                self.engine.close()
             if self._log is not None:
                 self._log.close()
 

@@ -47,9 +47,10 @@ def groups(items: Sequence[WarmItem], size: int) -> list[list[int]]:
         i, item = pair
         if not _groupable(item):
             return f"single:{i}"
+        ids = "ids:" if item.token_ids is not None else ""  # token-id and text prompts never mix
         if not item.params:
-            return f"a:{item.adapter}"
-        return canonical_json({"a": item.adapter, "p": dict(item.params)})
+            return f"{ids}a:{item.adapter}"
+        return ids + canonical_json({"a": item.adapter, "p": dict(item.params)})
 
     out: list[list[int]] = []
     for _, run in groupby(enumerate(items), key=signature):

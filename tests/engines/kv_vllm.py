@@ -1,0 +1,49 @@
+"""A real vLLM CPU server as a current fleet runs it: INFO logs, no request logging, KV events.
+
+It is :class:`benchmarks.engines.engine.VllmServer` with two changes: no ``--enable-log-requests``
+and ``VLLM_LOGGING_LEVEL=INFO`` (so no prompt and no token id reaches its log), and
+``--kv-events-config`` publishing the KV-cache event stream on a ZMQ PUB socket with a ROUTER
+replay socket.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from benchmarks.engines.engine import VllmServer
+
+
+@dataclass
+class KvEventsVllmServer(VllmServer):
+    """vLLM publishing KV-cache events on ``events_port`` (replay on ``replay_port``)."""
+
+    events_port: int = 0
+    replay_port: int = 0
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: offers POST /reset_prefix_cache
+
+    @property
+    def events_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.events_port}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.replay_port}"
+
+    def kv_events_config(self) -> str:
+        return json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events_port}",
+            "replay_endpoint": f"tcp://*:{self.replay_port}",
+        })  # fmt: skip
+
+    def command(self) -> list[str]:
+        cmd = [arg for arg in super().command() if arg != "--enable-log-requests"]
+        return [*cmd, "--kv-events-config", self.kv_events_config()]
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env["VLLM_LOGGING_LEVEL"] = "INFO"
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
