@@ -23,6 +23,7 @@ from rich.console import Console
 # typer 0.2x ships its own copy of click and raises that copy's exceptions; the standalone
 # click package raises its own. Both are caught, as the same kinds.
 from typer._click import exceptions as typer_click
+from typer._click.core import Command as ClickCommand
 
 from pipeline.errors import BadInputError, PrewarmError
 
@@ -89,9 +90,21 @@ def _root(
         os.environ["PREWARM_CONFIG"] = str(config)
 
 
+_registered: list[str] = []
+
+
 def _register_commands() -> None:
+    """Add every command module's commands to ``app``, once per process."""
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+        if name not in _registered:
+            importlib.import_module(name).register(app)
+            _registered.append(name)
+
+
+def command_tree() -> ClickCommand:
+    """The click command of the whole CLI, every command registered (for tests and docs)."""
+    _register_commands()
+    return typer.main.get_command(app)
 
 
 def _one_line(exc: BaseException) -> str:
