@@ -40,6 +40,7 @@ from pipeline.plan import WarmPlan
 from tasks.plan_store import PlanStore
 from tasks.settings import Settings, current_settings
 from tasks.targets.base import WarmOptions
+from tasks.telemetry import record_plan
 from tasks.wal_store import LeaseLost, WalStore
 from tasks.warm_batch import BatchRunner
 
@@ -81,6 +82,7 @@ def submit_plan(
     ordered = plan.budget.max_tokens is not None
     options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
     batches = _plans(settings).save(plan, engine, options)
+    record_plan(_store(settings.store_redis_url), plan, engine)
     route = {"queue": queue} if queue else {}
     sigs = [app.signature("prewarm.warm.batch", (plan.plan_id, n), immutable=True, **route)
             for n in range(batches)]  # fmt: skip
