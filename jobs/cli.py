@@ -55,6 +55,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.cmd_ingest",
     "jobs.cmd_warm",
     "jobs.cmd_evaluate",
+    "jobs.report",
 ]
 
 

@@ -16,7 +16,7 @@ The forecast's error on the window compares what was predicted for it with what 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,3 +139,17 @@ def window_outcome(
     busiest = sorted(observed.items(), key=lambda kv: (-kv[1], kv[0]))[:top_n]
     top = tuple((key, count, warm[key]) for key, count in busiest)
     return WindowOutcome(start, end, sum(observed.values()), covered, misses, total, error, top)
+
+
+def request_items(chains: Iterable[Sequence[str] | None], known: Iterable[str]) -> dict[str, int]:
+    """Requests per item, one item per request: the deepest block of its prefix chain that
+    prewarm planned or warmed (``known``), else the chain's head (what a plan would have had
+    to name first). Requests without a chain are left out."""
+    wanted = frozenset(known)
+    out: dict[str, int] = {}
+    for chain in chains:
+        if chain is None or len(chain) == 0:
+            continue
+        item = next((h for h in reversed(chain) if h in wanted), chain[0])
+        out[item] = out.get(item, 0) + 1
+    return out

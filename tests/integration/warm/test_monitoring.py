@@ -10,8 +10,6 @@ the rules and a scrape, and every query of every dashboard panel returns data.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from tasks.engine_watch import cooldown_allows, observe
 from tasks.wal_store import WalStore
 from tasks.warm import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
+from tests.integration.debian_tools import tool
 from tests.integration.processes import free_port, prewarm_script, wait_for_http
 from tests.integration.warm.conftest import plan_of, prefix_item
 
@@ -34,16 +33,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "config"
-
-
-def tool(name: str) -> str:
-    """A Debian binary; skipped on a machine without it, a failure in CI (``.ci/run`` installs)."""
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (apt-get install -y prometheus)")
-        pytest.skip(f"{name} is not installed (apt-get install -y prometheus)")
-    return found
 
 
 def dashboard() -> dict[str, Any]:
@@ -76,7 +65,7 @@ def prometheus_command(api: str, workdir: Path) -> tuple[list[str], str]:
         "--storage.tsdb.path": str(workdir / "tsdb"),
         "--web.listen-address": address,
     }
-    argv = [tool("prometheus")]
+    argv = [tool("prometheus", "prometheus")]
     for arg in command[1:]:
         flag, _, value = arg.partition("=")
         argv.append(f"{flag}={replace.get(flag, value)}")
@@ -180,7 +169,10 @@ def test_prometheus_scrapes_the_cluster_and_every_panel_has_data(
 
     scrape = httpx.get(f"http://{api}/metrics").text
     checked = subprocess.run(
-        [tool("promtool"), "check", "metrics"], input=scrape, capture_output=True, text=True
+        [tool("promtool", "prometheus"), "check", "metrics"],
+        input=scrape,
+        capture_output=True,
+        text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -188,12 +180,14 @@ def test_prometheus_scrapes_the_cluster_and_every_panel_has_data(
 def test_promtool_accepts_the_alert_rules_and_their_unit_tests():
     rules = CONFIG / "prometheus" / "alerts.yml"
     checked = subprocess.run(
-        [tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True
+        [tool("promtool", "prometheus"), "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 5 rules found" in checked.stdout
     tested = subprocess.run(
-        [tool("promtool"), "test", "rules", str(CONFIG / "prometheus" / "alerts_test.yml")],
+        [tool("promtool", "prometheus"), "test", "rules", "alerts_test.yml"],
         capture_output=True, text=True, cwd=CONFIG / "prometheus",
     )  # fmt: skip
     assert tested.returncode == 0, tested.stdout + tested.stderr
