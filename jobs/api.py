@@ -42,6 +42,9 @@ class QueueDepthCollector(Collector):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.client = redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=1, socket_timeout=1
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
@@ -50,17 +53,16 @@ class QueueDepthCollector(Collector):
         depth = GaugeMetricFamily(
             "prewarm_queue_length", "Messages waiting in a Celery queue", labels=["queue"]
         )
-        client = redis.Redis.from_url(
-            self.settings.redis_url, socket_connect_timeout=1, socket_timeout=1
-        )
         try:
-            for queue in QUEUES:
-                depth.add_metric([queue], float(client.llen(queue)))
+            with self.client.pipeline(transaction=False) as pipe:
+                for queue in QUEUES:
+                    pipe.llen(queue)
+                lengths = pipe.execute()
+            for queue, length in zip(QUEUES, lengths, strict=True):
+                depth.add_metric([queue], float(length))
             up.add_metric(["broker"], 1.0)
         except (redis.ConnectionError, redis.TimeoutError):
             up.add_metric(["broker"], 0.0)
-        finally:
-            client.close()
         yield up
         yield depth
 

@@ -11,6 +11,7 @@ forecast against what came, the misses explained by cause, and the busiest items
 from __future__ import annotations
 
 import base64
+import bisect
 import io
 import statistics
 import time
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+#: A week of engine reads every 10 s is 60,480 points and of 5-minute windows 2,016 bars: plots
+#: show at most this many (means over equal stretches of time; windows merged in order).
+MAX_POINTS = 600
+MAX_BARS = 42
+#: Warm-ups marked on the plots and rows of the before/after table, at most (the latest).
+MAX_MARKS = 40
 COLORS = {"plan": "#2e7d32", "restart": "#c62828"}
 CAUSE_COLORS = dict(
     zip(MISS_CAUSES, ("#8d6e63", "#ef6c00", "#c62828", "#fbc02d", "#5c6bc0"), strict=True)
@@ -65,12 +72,16 @@ class ReportData:
                 lists[event["kind"]].append(event)
         return data
 
-    def markers(self) -> list[tuple[float, str, str]]:
-        """(time, kind, label) of every warm-up and restart, in time order."""
+    def markers(self, most: int = MAX_MARKS) -> list[tuple[float, str, str]]:
+        """(time, kind, label) of every restart and warm-up, in time order; past ``most``, the
+        loop's own per-window plans are left out first, then the oldest."""
+        plans = self.plans
+        if len(plans) + len(self.restarts) > most:
+            plans = [p for p in plans if p["reason"] != "window"]
         marks = [(p["ts"], "plan", f"warm-up ({p['reason']}, {p['items']} items)")
-                 for p in self.plans]  # fmt: skip
+                 for p in plans]  # fmt: skip
         marks += [(r["ts"], "restart", "engine restart") for r in self.restarts]
-        return sorted(marks)
+        return sorted(marks)[-most:]
 
 
 def load(store: redis.Redis, engine: str, since: float, until: float) -> ReportData:
@@ -116,10 +127,43 @@ def _mark(axis: Axes, data: ReportData) -> None:
         axis.axvline(_x(ts), color=COLORS[kind], linestyle="--", linewidth=1)
 
 
+def thinned(points: list[tuple[float, float]], most: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """``points`` (time, value), or the means of ``most`` equal stretches of time when longer."""
+    if len(points) <= most:
+        return points
+    start, span = points[0][0], (points[-1][0] - points[0][0]) or 1.0
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for t, v in points:
+        bins.setdefault(min(most - 1, int((t - start) / span * most)), []).append((t, v))
+    return [(statistics.fmean(t for t, _ in b), statistics.fmean(v for _, v in b))
+            for _, b in sorted(bins.items())]  # fmt: skip
+
+
+def merged_windows(windows: list[WindowOutcome], most: int = MAX_BARS) -> list[WindowOutcome]:
+    """``windows``, or runs of consecutive ones merged (sums) so that at most ``most`` remain."""
+    if len(windows) <= most:
+        return windows
+    size = -(-len(windows) // most)
+    return [_merge(windows[i : i + size]) for i in range(0, len(windows), size)]
+
+
+def _merge(run: list[WindowOutcome]) -> WindowOutcome:
+    predicted = [w.predicted for w in run if w.predicted is not None]
+    errors = [w.absolute_error for w in run if w.absolute_error is not None]
+    return WindowOutcome(
+        run[0].window_start, run[-1].window_end, sum(w.requests for w in run),
+        sum(w.covered for w in run),
+        {c: sum(w.misses.get(c, 0) for w in run) for c in MISS_CAUSES},
+        sum(predicted) if predicted else None, sum(errors) if errors else None,
+    )  # fmt: skip
+
+
 def _series(axis: Axes, data: ReportData, field_name: str, label: str, scale: float) -> None:
-    points = [(s["ts"], s[field_name]) for s in data.samples if s.get(field_name) is not None]
+    raw = [(s["ts"], s[field_name]) for s in data.samples if s.get(field_name) is not None]
+    points = thinned(raw)
     if points:
-        axis.plot([_x(t) for t, _ in points], [v * scale for _, v in points], "o-", label=label)
+        style = "o-" if len(points) <= 100 else "-"
+        axis.plot([_x(t) for t, _ in points], [v * scale for _, v in points], style, label=label)
         axis.xaxis_date(tz=UTC)
     else:
         axis.text(0.5, 0.5, "no engine reads in this period", ha="center", transform=axis.transAxes)
@@ -138,8 +182,8 @@ def ttft_plot(data: ReportData) -> str:
     return _png(lambda ax: _series(ax, data, "ttft_p50_s", "median TTFT (ms)", 1000))
 
 
-def _window_labels(data: ReportData) -> list[str]:
-    return [_when(w.window_start).strftime("%m-%d %H:%M:%S") for w in data.windows]
+def _window_labels(windows: list[WindowOutcome]) -> list[str]:
+    return [_when(w.window_start).strftime("%m-%d %H:%M:%S") for w in windows]
 
 
 def _bars(axis: Axes, labels: Sequence[str], values: Sequence[float], **style: Any) -> None:
@@ -156,8 +200,9 @@ def coverage_plot(data: ReportData) -> str:
     """Share of each window's requests whose item was warm when it began."""
 
     def draw(axis: Axes) -> None:
-        values = [100 * (w.coverage or 0.0) for w in data.windows]
-        _bars(axis, _window_labels(data), values, color="#1565c0")
+        windows = merged_windows(data.windows)
+        values = [100 * (w.coverage or 0.0) for w in windows]
+        _bars(axis, _window_labels(windows), values, color="#1565c0")
         axis.set_ylim(0, 100)
         axis.set_ylabel("warm coverage (%)")
         axis.set_title("Requests whose prefix was warm when the window began")
@@ -169,16 +214,17 @@ def forecast_plot(data: ReportData) -> str:
     """Predicted against observed requests per window."""
 
     def draw(axis: Axes) -> None:
-        labels = _window_labels(data)
-        _bars(axis, labels, [w.requests for w in data.windows], color="#90caf9", label="observed")
-        predicted = [(lab, w.predicted) for lab, w in zip(labels, data.windows, strict=True)
+        windows = merged_windows(data.windows)
+        labels = _window_labels(windows)
+        _bars(axis, labels, [w.requests for w in windows], color="#90caf9", label="observed")
+        predicted = [(lab, w.predicted) for lab, w in zip(labels, windows, strict=True)
                      if w.predicted is not None]  # fmt: skip
         if predicted:
             axis.plot([p[0] for p in predicted], [p[1] for p in predicted], "kD-", label="forecast")
         axis.set_ylabel("requests")
         axis.set_title("Forecast against observed requests, per window")
         if labels:
-            axis.legend(fontsize="small")
+            axis.legend(fontsize="small", loc="upper right")
 
     return _png(draw)
 
@@ -187,17 +233,18 @@ def misses_plot(data: ReportData) -> str:
     """The misses of each window, stacked by cause."""
 
     def draw(axis: Axes) -> None:
-        labels = _window_labels(data)
+        windows = merged_windows(data.windows)
+        labels = _window_labels(windows)
         bottom = [0.0] * len(labels)
         for cause in MISS_CAUSES:
-            values = [float(w.misses.get(cause, 0)) for w in data.windows]
+            values = [float(w.misses.get(cause, 0)) for w in windows]
             _bars(axis, labels, values, bottom=bottom, color=CAUSE_COLORS[cause],
                   label=cause.replace("_", " "))  # fmt: skip
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         axis.set_ylabel("requests not warm")
         axis.set_title("Misses explained")
         if labels:
-            axis.legend(fontsize="small")
+            axis.legend(fontsize="small", loc="upper right")
 
     return _png(draw)
 
@@ -228,7 +275,7 @@ def top_plot(data: ReportData) -> str:
         axis.barh(names, [r[2] for r in rows], color="#2e7d32", label="of them warm")
         axis.tick_params(axis="y", labelsize=7)
         axis.set_title("Busiest items (templates and prefixes)")
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="small", loc="lower right")
 
     return _png(draw, height=4.0)
 
@@ -243,10 +290,11 @@ def before_after(data: ReportData) -> list[dict[str, Any]]:
     since the previous marker and until the next one."""
     marks = data.markers()
     edges = [data.since, *[m[0] for m in marks], data.until]
+    times = [s["ts"] for s in data.samples]  # history is in time order
     rows = []
     for i, (ts, kind, label) in enumerate(marks):
-        before = [s for s in data.samples if edges[i] < s["ts"] <= ts]
-        after = [s for s in data.samples if ts < s["ts"] <= edges[i + 2]]
+        lo, mid, hi = (bisect.bisect_right(times, t) for t in (edges[i], ts, edges[i + 2]))
+        before, after = data.samples[lo:mid], data.samples[mid:hi]
 
         def stats(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
             rates = [r["hit_rate"] for r in rows if r.get("hit_rate") is not None]
