@@ -11,6 +11,9 @@ from collections.abc import Callable, Sequence
 
 import typer
 
+#: What ``prewarm plan --forecast`` accepts.
+FORECASTS = ("auto", "model", "frequency")
+
 
 def window(value: str) -> str:
     """A fixed window length as pandas reads it (``10min``, ``1h``, ``30s``)."""
