@@ -9,13 +9,14 @@ Layout (under ``pw:metrics:``)::
 
     series             hash   JSON [name, labels] -> value (counters add, gauges set)
     plan:<plan_id>     string "engine<TAB>reason" of a submitted plan (8 days)
-    warmed:<engine>    hash   item key -> when a committed batch warmed it
+    warmed:<engine>    hash   "plan:batch" of a committed batch -> JSON [when, item keys]
     planned:<engine>   hash   item key -> when a plan last named it
     engine:<engine>    hash   last engine sample (JSON), last plan's dropped count
     history:<engine>   zset   events by time (samples, plans, batches, restarts, windows),
                               kept for ``HISTORY_S``; what ``prewarm report`` reads
 
 The ``record_*`` functions are the call sites' one line each; each is one round trip or two.
+A third of this module is :data:`SPECS`, the table of metric families the api exposes.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ PREFIX = "pw:metrics:"
 SERIES = PREFIX + "series"
 #: History kept for the report: a week and a day.
 HISTORY_S = 8 * 86400
-#: Distinct items remembered per engine as warmed/planned (older ones are dropped first).
+#: Committed batches and distinct planned items remembered per engine (oldest dropped first).
 MAX_ITEMS = 50_000
 REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
 #: Trigger kinds, and the reason a plan they caused carries.
@@ -172,10 +173,14 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def _history(pipe: Any, engine: str, kind: str, ts: float, data: Mapping[str, Any]) -> None:
+def _history(
+    pipe: Any, engine: str, kind: str, ts: float, data: Mapping[str, Any], trim: bool = False
+) -> None:
+    """Add an event; ``trim`` (on the infrequent events) drops those older than the history."""
     member = json.dumps({"kind": kind, "ts": ts, **data, "id": os.urandom(4).hex()})
     pipe.zadd(_history_key(engine), {member: ts})
-    pipe.zremrangebyscore(_history_key(engine), "-inf", ts - HISTORY_S)
+    if trim:
+        pipe.zremrangebyscore(_history_key(engine), "-inf", ts - HISTORY_S)
 
 
 def plan_reason(plan: WarmPlan) -> str:
@@ -212,7 +217,9 @@ def record_plan(
         pipe.hincrbyfloat(SERIES, series_field("prewarm_tokens_planned_total", labels), plan.tokens)
         pipe.hincrbyfloat(SERIES, series_field("prewarm_items_dropped_total", labels), plan.dropped)
         if plan.items:
-            pipe.hset(f"{PREFIX}planned:{engine}", mapping={i.key: now for i in plan.items})
+            pipe.hset(
+                f"{PREFIX}planned:{engine}", mapping=dict.fromkeys(_keys(plan.items), int(now))
+            )
         pipe.hset(f"{PREFIX}engine:{engine}", "last_dropped", plan.dropped)
         _history(pipe, engine, "plan", now, {
             "plan_id": plan.plan_id, "reason": reason, "items": len(plan.items),
@@ -221,12 +228,29 @@ def record_plan(
         pipe.execute()
 
 
+#: Labels of the plans this process ran batches of (a plan's labels never change), so a batch
+#: costs one round trip to the store, not two. Bounded: the oldest entries go first.
+_PLAN_LABELS: dict[str, tuple[str, str]] = {}
+_PLAN_LABELS_MAX = 1024
+
+
+def _keys(items: Iterable[WarmItem]) -> list[str]:
+    return [item.key for item in items]
+
+
 def _labels_of_plan(store: redis.Redis, plan_id: str, engine: str) -> tuple[str, str]:
+    known = _PLAN_LABELS.get(plan_id)
+    if known is not None:
+        return known
     raw = store.get(_plan_key(plan_id))
     if not raw:
         return engine, "cli"  # a plan stored without submit (a re-warm's own batch)
     stored_engine, _, reason = _text(raw).partition("\t")
-    return stored_engine or engine, reason or "cli"
+    labels = (stored_engine or engine, reason or "cli")
+    if len(_PLAN_LABELS) >= _PLAN_LABELS_MAX:
+        del _PLAN_LABELS[next(iter(_PLAN_LABELS))]
+    _PLAN_LABELS[plan_id] = labels
+    return labels
 
 
 def _ok_items(items: Sequence[WarmItem], summary: Mapping[str, Any]) -> list[WarmItem]:
@@ -269,7 +293,9 @@ def record_batch(
                 SERIES, series_field("prewarm_wal_transactions_total", (engine, state)), 1
             )
         if ok:
-            pipe.hset(f"{PREFIX}warmed:{engine}", mapping={item.key: now for item in ok})
+            # One field per batch (one argument, not one per item: this is the hot path).
+            batch_ref = f"{plan_id}:{summary.get('batch')}"
+            pipe.hset(f"{PREFIX}warmed:{engine}", batch_ref, json.dumps([now, _keys(ok)]))
         _history(pipe, engine, "batch", now, {
             "plan_id": plan_id, "reason": reason, "state": state,
             "items": summary.get("items", 0), "ok": summary.get("ok", 0),
@@ -368,7 +394,7 @@ def record_engine_sample(
         _history(pipe, engine, "sample", now, {
             "hits": sample.prefix_hits, "queries": sample.prefix_queries, "hit_rate": hit_rate,
             "ttft_p50_s": ttft, "start_time": sample.start_time,
-        })  # fmt: skip
+        }, trim=True)  # fmt: skip
         pipe.execute()
 
 
@@ -380,8 +406,13 @@ def warm_state(store: redis.Redis, engine: str) -> WarmState:
         pipe.hget(f"{PREFIX}engine:{engine}", "last_dropped")
         pipe.hget(SERIES, series_field("prewarm_engine_start_time_seconds", (engine,)))
         warmed, planned, dropped, start = pipe.execute()
+    warmed_at: dict[str, float] = {}
+    for raw in warmed.values():
+        ts, keys = json.loads(raw)
+        for key in keys:
+            warmed_at[key] = max(ts, warmed_at.get(key, ts))
     return WarmState(
-        warmed_at={_text(k): float(v) for k, v in warmed.items()},
+        warmed_at=warmed_at,
         planned=frozenset(_text(k) for k in planned),
         budget_cut=bool(dropped and int(float(dropped)) > 0),
         restarted_at=float(start) if start else None,
@@ -389,10 +420,10 @@ def warm_state(store: redis.Redis, engine: str) -> WarmState:
 
 
 def _trim_items(store: redis.Redis, engine: str) -> None:
-    for kind in ("warmed", "planned"):
+    for kind, when in (("warmed", lambda v: json.loads(v)[0]), ("planned", float)):
         key = f"{PREFIX}{kind}:{engine}"
         if store.hlen(key) > MAX_ITEMS:
-            entries = sorted(store.hgetall(key).items(), key=lambda kv: float(kv[1]))
+            entries = sorted(store.hgetall(key).items(), key=lambda kv: when(kv[1]))
             store.hdel(key, *[k for k, _ in entries[: len(entries) - MAX_ITEMS]])
 
 
@@ -433,7 +464,7 @@ def record_window(
                 SERIES,
                 mapping={series_field(k, one): v for k, v in gauges.items() if v is not None},
             )
-        _history(pipe, engine, "window", window[1], outcome.to_dict())
+        _history(pipe, engine, "window", window[1], outcome.to_dict(), trim=True)
         pipe.execute()
     _trim_items(store, engine)
     return outcome
