@@ -1,8 +1,10 @@
 """The ``api`` service: health, Prometheus metrics, and the git webhooks.
 
 ``GET /health`` answers 200 with JSON when the broker and the store answer, 503 naming what is
-down otherwise. ``GET /metrics`` exposes prewarm's own metrics (the process's default registry,
-where the webhook counters live, plus queue depths read from the broker at scrape time).
+down otherwise. ``GET /metrics`` exposes prewarm's own metrics: the process's default registry
+(where the webhook counters live), queue depths read from the broker, and the whole cluster's
+warm-up metrics (:mod:`tasks.telemetry`) and open WAL transactions read from the store, all at
+scrape time.
 Routes of ``jobs.webhooks`` are mounted when that module is installed.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -24,9 +26,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from pipeline.errors import PrewarmError
+from tasks import telemetry
 from tasks.celery_app import QUEUES
 from tasks.connections import ping_redis, redacted
 from tasks.settings import Settings, current_settings
+from tasks.wal_store import ACTIVE
 
 SERVICE = "prewarm-api"
 #: Modules whose ``webhook_routes()`` the api mounts, if they are installed.
@@ -38,6 +42,9 @@ class QueueDepthCollector(Collector):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.client = redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=1, socket_timeout=1
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
@@ -46,19 +53,67 @@ class QueueDepthCollector(Collector):
         depth = GaugeMetricFamily(
             "prewarm_queue_length", "Messages waiting in a Celery queue", labels=["queue"]
         )
-        client = redis.Redis.from_url(
-            self.settings.redis_url, socket_connect_timeout=1, socket_timeout=1
-        )
         try:
-            for queue in QUEUES:
-                depth.add_metric([queue], float(client.llen(queue)))
+            with self.client.pipeline(transaction=False) as pipe:
+                for queue in QUEUES:
+                    pipe.llen(queue)
+                lengths = pipe.execute()
+            for queue, length in zip(QUEUES, lengths, strict=True):
+                depth.add_metric([queue], float(length))
             up.add_metric(["broker"], 1.0)
         except (redis.ConnectionError, redis.TimeoutError):
             up.add_metric(["broker"], 0.0)
-        finally:
-            client.close()
         yield up
         yield depth
+
+
+def _family(name: str, spec: telemetry.MetricSpec) -> CounterMetricFamily | GaugeMetricFamily:
+    if spec.kind == "counter":
+        return CounterMetricFamily(name, spec.help, labels=list(spec.labels))
+    return GaugeMetricFamily(name, spec.help, labels=list(spec.labels))
+
+
+class TelemetryCollector(Collector):
+    """The cluster's warm-up metrics, as every worker recorded them in the store Redis, and
+    the WAL's open and expired (stuck) transactions. One store round trip per scrape."""
+
+    def __init__(self, store_url: str, clock: Any = time.time) -> None:
+        self.store = redis.Redis.from_url(store_url, socket_connect_timeout=1, socket_timeout=2)
+        self.clock = clock
+
+    def _read(self) -> tuple[dict[str, list[tuple[tuple[str, ...], float]]], int, int]:
+        with self.store.pipeline(transaction=False) as pipe:
+            pipe.hgetall(telemetry.SERIES)
+            pipe.zcard(ACTIVE)
+            pipe.zcount(ACTIVE, "-inf", self.clock())
+            raw, open_txns, expired = pipe.execute()
+        return telemetry.parse_series(raw), int(open_txns), int(expired)
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "prewarm_store_up", "Whether the store Redis answered this scrape (1) or not (0)"
+        )
+        try:
+            series, open_txns, expired = self._read()
+        except (redis.ConnectionError, redis.TimeoutError):
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        for name, spec in telemetry.SPECS.items():
+            family = _family(name, spec)
+            for labels, value in series.get(name, ()):
+                family.add_metric(list(labels), value)
+            yield family
+        yield GaugeMetricFamily(
+            "prewarm_wal_open_transactions", "WAL transactions not yet ended", value=open_txns
+        )
+        yield GaugeMetricFamily(
+            "prewarm_wal_expired_transactions",
+            "Open WAL transactions whose lease ran out (the sweep's work; stuck if it stays)",
+            value=expired,
+        )
 
 
 def _redis_status(url: str, role: str) -> str:
@@ -98,6 +153,11 @@ def _mounted_routes() -> list[BaseRoute]:
     return routes
 
 
+def _register(registry: CollectorRegistry, settings: Settings) -> None:
+    registry.register(QueueDepthCollector(settings))
+    registry.register(TelemetryCollector(settings.store_redis_url))
+
+
 def build_api(settings: Settings | None = None) -> Starlette:
     """The api service's ASGI app; settings are read on first request when not given."""
     resolved: list[Settings] = [settings] if settings else []
@@ -106,11 +166,11 @@ def build_api(settings: Settings | None = None) -> Starlette:
     def current() -> Settings:
         if not resolved:
             resolved.append(current_settings())
-            registry.register(QueueDepthCollector(resolved[0]))
+            _register(registry, resolved[0])
         return resolved[0]
 
     if settings is not None:
-        registry.register(QueueDepthCollector(settings))
+        _register(registry, settings)
 
     async def health(request: Request) -> Response:
         status, body = await run_in_threadpool(health_payload, current())

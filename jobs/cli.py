@@ -2,18 +2,28 @@
 
 Each command group lives in its own module under ``jobs/`` and registers itself here; a
 :class:`PrewarmError` (bad settings, bad input, an unreachable server) ends the run with one
-clear line on stderr and a non-zero exit, never a traceback.
+clear line on stderr and exit 2, never a traceback. A usage mistake (a missing argument, an
+unknown option, a value an option refuses) is one line naming the command and exit 2; a bare
+group (``prewarm``, ``prewarm wal``) prints its help on stderr and exits 2. ``-h`` is ``--help``
+everywhere; ``prewarm --version`` prints the installed version.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
+
+# typer 0.2x ships its own copy of click and raises that copy's exceptions; the standalone
+# click package raises its own. Both are caught, as the same kinds.
+from typer._click import exceptions as typer_click
+from typer._click.core import Command as ClickCommand
 
 from pipeline.errors import BadInputError, PrewarmError
 
@@ -23,6 +33,14 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+PROG = "prewarm"
+USAGE_ERRORS: tuple[type[Exception], ...] = (typer_click.UsageError, click.UsageError)
+CLICK_ERRORS: tuple[type[Exception], ...] = (typer_click.ClickException, click.ClickException)
+BARE_GROUP: tuple[type[Exception], ...] = (
+    typer_click.NoArgsIsHelpError,
+    click.exceptions.NoArgsIsHelpError,
 )
 err_console = Console(stderr=True, soft_wrap=True)  # one error, one line, at any width
 
@@ -38,7 +56,22 @@ COMMAND_MODULES: list[str] = [
     "jobs.cmd_warm",
     "jobs.cmd_evaluate",
     "jobs.kv_service",
+    "jobs.report",
 ]
+
+
+def version() -> str:
+    """The installed prewarm distribution's version ("unknown" when run from a bare checkout)."""
+    try:
+        return metadata.version("prewarm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PROG} {version()}")
+        raise typer.Exit(0)
 
 
 @app.callback()
@@ -46,6 +79,12 @@ def _root(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="TOML settings file (or PREWARM_CONFIG).")
     ] = None,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_show_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     if config is not None:
         import os
@@ -53,9 +92,21 @@ def _root(
         os.environ["PREWARM_CONFIG"] = str(config)
 
 
+_registered: list[str] = []
+
+
 def _register_commands() -> None:
+    """Add every command module's commands to ``app``, once per process."""
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+        if name not in _registered:
+            importlib.import_module(name).register(app)
+            _registered.append(name)
+
+
+def command_tree() -> ClickCommand:
+    """The click command of the whole CLI, every command registered (for tests and docs)."""
+    _register_commands()
+    return typer.main.get_command(app)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -75,28 +126,47 @@ def _translated(exc: Exception) -> PrewarmError | None:
     return translate_connection_error(exc, settings)
 
 
+def usage_line(exc: Exception) -> str:
+    """One line for a click usage error: the command, what is wrong, where the help is."""
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else PROG
+    message = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
+    return f"{command}: usage: {message} (see '{command} -h')"
+
+
+def _exit_code(exc: Exception) -> int:
+    code = getattr(exc, "exit_code", 1)
+    return code if isinstance(code, int) else 1
+
+
+def _print_error(line: str) -> None:
+    err_console.print(line, markup=False, highlight=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _register_commands()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name=PROG, standalone_mode=False)
     except PrewarmError as exc:
-        err_console.print(_one_line(exc), markup=False, highlight=False)
+        _print_error(_one_line(exc))
         sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        err_console.print("prewarm: aborted", markup=False)
+    except (typer.Abort, click.Abort, KeyboardInterrupt):
+        _print_error(f"{PROG}: aborted")
         sys.exit(130)
-    except typer.Exit as exc:
+    except (typer.Exit, click.exceptions.Exit) as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
+    except BARE_GROUP:  # typer has printed the group's help already
+        sys.exit(2)
+    except USAGE_ERRORS as exc:
+        _print_error(usage_line(exc))
+        sys.exit(2)
+    except CLICK_ERRORS as exc:  # a file that cannot be opened, and the like
+        _print_error(f"{PROG}: error: {' '.join(str(exc.format_message()).split())}")  # type: ignore[attr-defined]
+        sys.exit(_exit_code(exc) or 1)
+    except Exception as exc:  # a connection failure that escaped a command
         translated = _translated(exc)
-        if translated is not None:
-            err_console.print(_one_line(translated), markup=False, highlight=False)
-            sys.exit(2)
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        if translated is None:
+            raise
+        _print_error(_one_line(translated))
+        sys.exit(2)

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs import option_checks
 from models.baselines import HotnessModel, baselines
 from models.selection import SelectedForecaster
 from pipeline.errors import BadInputError
@@ -38,7 +39,7 @@ from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.detect import detect_format
 from pipeline.ingest.run import expand_paths
 from pipeline.ingest.traces import read_servegen
-from pipeline.windows import item_window_counts
+from pipeline.windows import ITEM_KINDS, item_window_counts
 
 if TYPE_CHECKING:
     from models.forecaster import HotnessForecaster
@@ -177,12 +178,24 @@ def plot_steps(evaluation: Evaluation, path: Path) -> None:
 
 
 def evaluate(
-    path: Annotated[Path, typer.Argument(help="Trace, log, ServeGen folder or counts table.")],
-    window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "5min",
-    budget: Annotated[list[int], typer.Option(help="Items to warm (repeatable).")] = [100],  # noqa: B006
-    budget_tokens: Annotated[list[int], typer.Option(help="Token budgets (repeatable).")] = [],  # noqa: B006
-    kind: Annotated[str | None, typer.Option(help="Item kind (default: prefix, else …)")] = None,
-    refit_every: Annotated[int | None, typer.Option(help="Steps between refits.")] = None,
+    path: Annotated[
+        Path, typer.Argument(help="Trace, log, ServeGen folder or counts table.", exists=True)
+    ],
+    window: Annotated[
+        str, typer.Option(help="Window length (pandas offset).", callback=option_checks.window)
+    ] = "5min",
+    budget: Annotated[list[int], typer.Option(min=1, help="Items to warm (repeatable).")] = [100],  # noqa: B006
+    budget_tokens: Annotated[
+        list[int], typer.Option(min=1, help="Token budgets (repeatable).")
+    ] = [],  # noqa: B006
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Item kind: {', '.join(ITEM_KINDS)} (default: prefix, else the most common).",
+            callback=option_checks.one_of(ITEM_KINDS),
+        ),
+    ] = None,
+    refit_every: Annotated[int | None, typer.Option(min=1, help="Steps between refits.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write a plot of every step here.")] = None,
 ) -> None:

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from jobs import option_checks
+from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_to_dir
 from pipeline.ingest.detect import FORMATS
 from pipeline.prefix import DEFAULT_BLOCK_SIZE
@@ -41,6 +43,27 @@ def _total_bytes(paths: list[Path]) -> int:
     return total
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters written as escapes (``\\x1b``), safe on a terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def nothing_read(summary: dict[str, Any]) -> str | None:
+    """Why a run found nothing prewarm can read (no files, or none in a known format), or None.
+
+    A file of a known format with nothing new in it (an incremental run) is not an error.
+    """
+    files = summary["files"]
+    if not files:
+        return "no files found"
+    if summary["records"] or summary["metrics"] or summary["windows"]:
+        return None
+    if all(entry["format"] == "unknown" for entry in files):
+        rejected = sum(sum(entry["rejected"].values()) for entry in files)
+        return f"no file in a format prewarm reads ({len(files)} files, {rejected} lines rejected)"
+    return None
+
+
 def _print_table(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title=f"ingested into {summary['out']}")
     for column in ("file", "format", "records", "metrics", "lines", "rejected", "ignored"):
@@ -56,29 +79,49 @@ def _print_table(console: Console, summary: dict[str, Any]) -> None:
         for reason, samples in entry["reject_samples"].items():
             console.print(f"[yellow]{reason}[/] ×{entry['rejected'][reason]}", highlight=False)
             for sample in samples:
-                console.print(f"  {sample}", markup=False, highlight=False)
+                console.print(f"  {printable(sample)}", markup=False, highlight=False)
         for note in entry["assumptions"]:
             console.print(f"[dim]{Path(entry['path']).name}: {note}[/]", highlight=False)
 
 
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Log or trace files and folders.")],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Log or trace files and folders.", exists=True)
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
     fmt: Annotated[
-        str | None, typer.Option("--format", help=f"Override detection: {', '.join(FORMATS)}.")
+        str | None,
+        typer.Option(
+            "--format",
+            help=f"Override detection: {', '.join(FORMATS)}.",
+            callback=option_checks.one_of(FORMATS),
+        ),
     ] = None,
     year: Annotated[
-        int | None, typer.Option(help="Year of the first vLLM entry (default: from mtime).")
+        int | None,
+        typer.Option(
+            min=1970, max=9999, help="Year of the first vLLM entry (default: from mtime)."
+        ),
     ] = None,
-    tz: Annotated[str, typer.Option(help="Zone of vLLM timestamps.")] = "UTC",
-    block_size: Annotated[int, typer.Option(help="Tokens per prefix block.")] = DEFAULT_BLOCK_SIZE,
-    window: Annotated[str, typer.Option(help="Window length (pandas offset).")] = "10min",
-    max_log_len: Annotated[int | None, typer.Option(help="vLLM --max-log-len, when known.")] = None,
+    tz: Annotated[
+        str, typer.Option(help="Zone of vLLM timestamps.", callback=option_checks.timezone)
+    ] = "UTC",
+    block_size: Annotated[
+        int, typer.Option(min=1, help="Tokens per prefix block.")
+    ] = DEFAULT_BLOCK_SIZE,
+    window: Annotated[
+        str, typer.Option(help="Window length (pandas offset).", callback=option_checks.window)
+    ] = "10min",
+    max_log_len: Annotated[
+        int | None, typer.Option(min=1, help="vLLM --max-log-len, when known.")
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model name for log records.")] = None,
     min_item_requests: Annotated[
-        int, typer.Option(help="Items with fewer requests get no feature rows.")
+        int, typer.Option(min=1, help="Items with fewer requests get no feature rows.")
     ] = 2,
-    workers: Annotated[int, typer.Option(help="Parallel processes.")] = 0,
+    workers: Annotated[
+        int, typer.Option(min=0, help="Parallel processes (0: one per core, up to 8).")
+    ] = 0,
     state: Annotated[
         Path | None, typer.Option(help="State file: read only what is new since the last run.")
     ] = None,
@@ -108,6 +151,9 @@ def ingest(
         typer.echo(json.dumps(summary, indent=1, ensure_ascii=False))
     else:
         _print_table(Console(), summary)
+    empty = nothing_read(summary)
+    if empty is not None:
+        raise BadInputError(f"nothing to read: {empty}", where=", ".join(map(str, paths)))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from jobs.option_checks import FORECASTS, one_of
 from pipeline.errors import BadInputError
 from pipeline.plan import WarmPlan
 from tasks.settings import Settings, current_settings
@@ -80,7 +81,9 @@ def plan(
     shapes: Annotated[bool, Opt(help="Add one request per workload shape.")] = False,
     responses: Annotated[bool, Opt(help="Cache answers of repeated greedy prompts.")] = False,
     embeddings: Annotated[bool, Opt(help="Cache embeddings of repeated prompts.")] = False,
-    forecast: Annotated[str, Opt(help="auto | model | frequency")] = "auto",
+    forecast: Annotated[
+        str, Opt(help="auto | model | frequency", callback=one_of(FORECASTS))
+    ] = "auto",
     out: Annotated[Path | None, Opt("--out", help="Write the plan JSON here.")] = None,
 ) -> None:
     """Build a warm-up plan from ingested request records."""

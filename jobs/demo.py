@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,6 +33,7 @@ from tasks.settings import Settings, current_settings, load_settings
 
 if TYPE_CHECKING:
     from jobs.demo_pipeline import Learned
+    from jobs.demo_telemetry import DemoRecorder
 
 ENGINE = "demo-simulator"
 MODEL = "sim-llm"
@@ -142,10 +143,13 @@ def _use_settings(config_file: Path, settings: Settings) -> None:
 class DemoRun:
     """One run of the demo in ``workdir``; ``run()`` returns what it measured."""
 
-    def __init__(self, config: DemoConfig, workdir: Path, progress: Progress) -> None:
+    def __init__(
+        self, config: DemoConfig, workdir: Path, progress: Progress, report: Path | None = None
+    ) -> None:
         self.config = config
         self.workdir = workdir
         self.progress = progress
+        self.report_path = report
         self.workload = generate_workload(config.templates, config.questions, config.sentences)
         self.result = DemoResult()
 
@@ -167,6 +171,7 @@ class DemoRun:
 
     def run(self) -> DemoResult:
         started = time.perf_counter()
+        self.started = time.time()
         redis = EmbeddedRedis(self.workdir / "redis")
         sim = self._simulator()
         worker: WorkerProcess | None = None
@@ -190,10 +195,15 @@ class DemoRun:
 
     def _measure(self, sim: SimulatorServer, worker: WorkerProcess, settings: Settings) -> None:
         from jobs.demo_pipeline import learn_plan  # pandas: only when the demo runs
+        from jobs.demo_telemetry import DemoRecorder
 
         n, c = len(self.workload), self.config
+        rec = DemoRecorder(settings, ENGINE, self.workdir / "engine.log", c.block_size)
+        rec.sample()
+        cold_start = rec.boundary()
         with self.step(f"Replaying {n} requests against a cold cache", n) as advance:
-            self.result.cold = replay(sim.url, self.workload, c.max_tokens, advance)
+            self.result.cold = replay(sim.url, self.workload, c.max_tokens, rec.every(4, advance))
+        rec.close_window(cold_start, rec.boundary())
         with self.step("Learning: ingest the simulator's vLLM log → counts → plan"):
             budget = PlanBudget(
                 max_items=20, max_tokens=c.capacity_blocks * c.block_size, batch_size=2
@@ -203,17 +213,32 @@ class DemoRun:
             self.result.learned = learn_plan(log_file, ENGINE, MODEL, budget, cost, c.block_size)
         with self.step("Restarting the simulator, as after a deploy (cache now cold)"):
             sim.restart()
+            rec.sample()
         with self.step("Waiting for the Celery worker"):
             worker.wait_ready()
         self._warm(settings)
+        rec.sample()
+        warm_start = rec.boundary()
         with self.step(f"Replaying {n} requests after warming", n) as advance:
-            self.result.warm = replay(sim.url, self.workload, c.max_tokens, advance)
+            self.result.warm = replay(sim.url, self.workload, c.max_tokens, rec.every(4, advance))
+        rec.close_window(warm_start, rec.boundary(), self.result.learned.plan)
+        self._write_report(rec)
+
+    def _write_report(self, rec: DemoRecorder) -> None:
+        if self.report_path is None:
+            return
+        from jobs.report import write_report
+
+        with self.step(f"Writing the report to {self.report_path}"):
+            write_report(rec.store, ENGINE, self.started - 1, time.time() + 1, self.report_path)
 
     def _warm(self, settings: Settings) -> None:
         from tasks.warm import plan_report, submit_plan
 
         assert self.result.learned is not None
-        plan = self.result.learned.plan
+        plan = replace(
+            self.result.learned.plan, notes=(*self.result.learned.plan.notes, "reason: demo")
+        )
         with self.step(
             f"Warming {len(plan.items)} prefixes through the worker", len(plan.items)
         ) as advance:
@@ -232,7 +257,10 @@ class DemoRun:
 
 
 def run_demo(
-    config: DemoConfig | None = None, workdir: Path | None = None, console: Console | None = None
+    config: DemoConfig | None = None,
+    workdir: Path | None = None,
+    console: Console | None = None,
+    report: Path | None = None,
 ) -> DemoResult:
     """Run the demo in ``workdir`` (default: a temporary directory, removed after a successful
     run and kept, for its logs, after a failed one) and return what it measured."""
@@ -240,7 +268,7 @@ def run_demo(
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     directory = workdir or Path(tempfile.mkdtemp(prefix="prewarm-demo-"))
     with Progress(*columns, console=console) as progress:
-        result = DemoRun(config or DemoConfig(), directory, progress).run()
+        result = DemoRun(config or DemoConfig(), directory, progress, report).run()
     if workdir is None:
         shutil.rmtree(directory, ignore_errors=True)
     return result
@@ -258,6 +286,9 @@ def demo(
     report_json: Annotated[
         Path | None, typer.Option(help="Also write the measurements to this JSON file.")
     ] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="Also write the HTML report (prewarm report) here.")
+    ] = None,
 ) -> None:
     """Run the whole loop on this machine against the engine SIMULATOR (latencies simulated)."""
     from jobs.demo_report import print_result, result_json
@@ -272,7 +303,7 @@ def demo(
     )
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    result = run_demo(config, workdir, console)
+    result = run_demo(config, workdir, console, report)
     print_result(result, generate_workload(templates, questions, config.sentences), console)
     if report_json is not None:
         report_json.write_text(json.dumps(result_json(result), indent=2, default=str))

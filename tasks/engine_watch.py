@@ -29,6 +29,7 @@ from tasks.celery_app import app
 from tasks.events import store_client
 from tasks.rewarm import hotness, serving
 from tasks.settings import EngineSettings, Settings, current_settings
+from tasks.telemetry import record_engine_sample, record_trigger
 from tasks.warm import submit_plan
 
 _LAST = "prewarm:replicas:{engine}:last"
@@ -108,7 +109,8 @@ def _last(store: redis.Redis, engine: str) -> ReplicaObservation | None:
 def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float) -> bool:
     """Claim the cooldown of ``event``'s kind and engine; False while one is running."""
     key = _COOLDOWN.format(kind=event.kind, engine=event.engine)
-    return bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
+    claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
+    return record_trigger(store, event.engine, event.kind, claimed)
 
 
 def _template_heads(
@@ -180,6 +182,7 @@ def watch_replica(
     Returns what was warmed (or None) and the metrics sample, for the cold-cache detectors.
     """
     current, sample = observe(engine)
+    record_engine_sample(store, engine.name, sample)
     previous = _last(store, engine.name)
     store.set(_LAST.format(engine=engine.name), json.dumps(asdict(current)))
     event = replica_event(previous, current)

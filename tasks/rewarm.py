@@ -30,6 +30,7 @@ from pipeline.wal import TxnState
 from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 from tasks.targets.base import WarmOptions
+from tasks.telemetry import record_plan
 from tasks.template_repos import sha_key
 from tasks.warm_batch import BatchRunner
 
@@ -164,6 +165,7 @@ def run_in_wal(
     plan = WarmPlan(new_plan_id(), engine.name, tuple(items), PlanBudget(batch_size=len(items)))
     options = WarmOptions(batch_size=len(items))
     PlanStore(store).save(plan, engine.name, options)
+    record_plan(store, plan, engine.name, reason="template")
     summary = BatchRunner(store, settings).run(plan.plan_id, 0)
     if summary.get("state") != "committed":
         raise EngineUnavailableError(

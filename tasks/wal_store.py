@@ -35,6 +35,7 @@ from pipeline.wal import (
     rollback_order,
     sources,
 )
+from tasks.telemetry import record_wal
 
 PREFIX = "pw:wal:"
 ACTIVE = PREFIX + "active"
@@ -327,6 +328,7 @@ class WalStore:
             except LeaseLost:
                 continue  # another recoverer took it over after our lease ran out; it finishes
             swept.append(txn_id)
+            record_wal(self.r, engine, "recovered")
         return swept
 
     def summary(self, limit: int = 50) -> dict[str, Any]:

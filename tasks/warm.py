@@ -53,6 +53,7 @@ from tasks.plan_resume import PlanResumer
 from tasks.plan_store import PlanStore
 from tasks.settings import Settings, current_settings
 from tasks.targets.base import WarmOptions
+from tasks.telemetry import record_plan
 from tasks.wal_store import LeaseLost, WalStore
 from tasks.warm_batch import BatchRunner
 
@@ -94,6 +95,7 @@ def submit_plan(
     ordered = plan.budget.max_tokens is not None
     options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
     batches = _plans(settings).save(plan, engine, options, queue)
+    record_plan(_store(settings.store_redis_url), plan, engine)
     dispatch(plan.plan_id, list(range(batches)), options.ordered, queue)
     return plan.plan_id
 

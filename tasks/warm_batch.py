@@ -31,6 +31,7 @@ from tasks.settings import EngineSettings, Settings
 from tasks.targets import adapter as adapter_target
 from tasks.targets import apply_items, verify_items
 from tasks.targets.base import BatchContext, ItemResult, WarmOptions
+from tasks.telemetry import record_batch, record_wal
 from tasks.wal_store import LeaseLost, WalStore, as_text
 
 
@@ -126,7 +127,8 @@ class BatchRunner:
         owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._claim(plan_id, batch, owner)
         try:
-            return self._run_claimed(plan_id, batch, items, engine, options, owner)
+            summary = self._run_claimed(plan_id, batch, items, engine, options, owner)
+            return record_batch(self.store, engine.name, plan_id, items, summary)
         finally:
             self.plans.release(plan_id, batch, owner)
 
@@ -146,6 +148,7 @@ class BatchRunner:
         )
         undo = adapter_target.undo_for(self.client(engine, WarmOptions()))
         self.wal.rollback(txn_id, owner, undo)
+        record_wal(self.store, engine.name, "recovered")
 
     def _run_claimed(
         self,

@@ -62,3 +62,33 @@ def test_health_is_503_naming_redis_when_it_is_down():
         response = client.get("/health")
     assert response.status_code == 503
     assert url in response.json()["redis"]["broker"]
+
+
+def test_metrics_expose_the_clusters_warm_up_telemetry_from_the_store(api_url, store):
+    from pipeline.plan import WarmItem, WarmPlan, new_plan_id
+    from tasks import telemetry
+
+    item = WarmItem("prefix", "k1", "m", text="x", tokens=7)
+    plan = WarmPlan(new_plan_id(), "e", (item,), dropped=2)
+    telemetry.record_plan(store, plan, "e", reason="window")  # as another worker would
+    telemetry.record_trigger(store, "e", "replica_ready", fired=False)
+    text = httpx.get(f"{api_url}/metrics").text
+    assert 'prewarm_plans_total{engine="e",reason="window"} 1.0' in text
+    assert 'prewarm_tokens_planned_total{engine="e",reason="window"} 7.0' in text
+    assert 'prewarm_items_dropped_total{engine="e",reason="window"} 2.0' in text
+    assert 'prewarm_trigger_cooldown_skips_total{engine="e",kind="replica_ready"} 1.0' in text
+    assert "prewarm_store_up 1.0" in text and "prewarm_wal_open_transactions 0.0" in text
+    assert "k1" not in text  # item keys are never labels
+
+
+def test_metrics_say_when_the_store_is_down(store_url):
+    from starlette.testclient import TestClient
+
+    from jobs.api import build_api
+    from tasks.settings import Settings
+
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    with TestClient(build_api(Settings(redis_url=store_url, store_url=down))) as client:
+        text = client.get("/metrics").text
+    assert "prewarm_store_up 0.0" in text
+    assert 'prewarm_redis_up{role="broker"} 1.0' in text

@@ -5,8 +5,10 @@ Every case runs the real ``prewarm`` console script in a subprocess.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,122 @@ def test_warming_without_redis_is_one_line(ingested, tmp_path):
         env={"PREWARM_REDIS_URL": url},
     )  # fmt: skip
     assert_one_line(result, "cannot reach", url)
+
+
+# -- every command: usage mistakes ---------------------------------------------------------
+def run_cases(tmp_path: Path, extra: list[dict]) -> dict[str, dict]:
+    """Every command's usage cases plus ``extra``, run through the real entry point."""
+    out, more = tmp_path / "results.json", tmp_path / "extra.json"
+    more.write_text(json.dumps(extra))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.cli_cases", str(out), str(more)],
+        env={**base, "COLUMNS": "100"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {
+        " ".join(case["argv"]) + f" [{case['kind']}]": case for case in json.loads(out.read_text())
+    }
+
+
+def _inputs(tmp_path: Path) -> dict[str, Path]:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    control = tmp_path / "control.log"
+    control.write_bytes(b"INFO \x1b[2J\x1b]0;pwned\x07 not a log line\x00\x9b\n" * 3)
+    return {"empty": empty, "binary": binary, "control": control}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("cli")
+    paths = _inputs(tmp)
+    out, empty = str(tmp / "out"), str(paths["empty"])
+    extra = [
+        {"kind": "version", "argv": ["--version"]},
+        {"kind": "ingest no out", "argv": ["ingest", empty]},
+        {"kind": "bad window", "argv": ["ingest", empty, "--out", out, "--window", "bogus"]},
+        {"kind": "bad workers", "argv": ["ingest", empty, "--out", out, "--workers", "-3"]},
+        {"kind": "bad eval window", "argv": ["evaluate", empty, "--window", "bogus"]},
+        {"kind": "bad forecast", "argv": ["plan", "--from", empty, "--forecast", "bogus"]},
+        {"kind": "empty folder", "argv": ["ingest", empty, "--out", out]},
+        {"kind": "binary", "argv": ["ingest", str(paths["binary"]), "--out", out]},
+        {"kind": "control", "argv": ["ingest", str(paths["control"]), "--out", out]},
+    ]  # fmt: skip
+    return run_cases(tmp, extra)
+
+
+def _no_traceback(case: dict) -> None:
+    assert "Traceback" not in case["stdout"] + case["stderr"], case
+
+
+def test_every_command_answers_h_with_its_help(results):
+    helps = [c for c in results.values() if c["kind"] == "help"]
+    assert len(helps) >= 20  # the tree walk found the commands, groups and subcommands
+    for case in helps:
+        _no_traceback(case)
+        assert case["code"] == 0, case
+        assert "Usage:" in case["stdout"], case
+
+
+def test_every_command_refuses_an_unknown_option_in_one_line(results):
+    for case in (c for c in results.values() if c["kind"] == "unknown option"):
+        _no_traceback(case)
+        assert case["code"] == 2, case
+        lines = case["stderr"].strip().splitlines()
+        assert len(lines) == 1 and "--no-such-option-anywhere" in lines[0], case
+        assert lines[0].startswith("prewarm"), case
+
+
+def test_every_missing_argument_is_one_line_or_the_help(results):
+    missing = [c for c in results.values() if c["kind"] in ("missing", "bare group")]
+    assert any(c["kind"] == "bare group" and c["argv"] == [] for c in missing)  # bare `prewarm`
+    for case in missing:
+        _no_traceback(case)
+        assert case["code"] == 2, case
+        if case["kind"] == "bare group":
+            assert "Usage:" in case["stdout"] and "Commands" in case["stdout"], case
+        else:
+            lines = case["stderr"].strip().splitlines()
+            assert len(lines) == 1 and ("Missing" in lines[0] or "requires" in lines[0]), case
+
+
+def _one(results: dict[str, dict], kind: str) -> dict:
+    (case,) = [c for c in results.values() if c["kind"] == kind]
+    _no_traceback(case)
+    return case
+
+
+def test_version_and_h(results):
+    case = _one(results, "version")
+    assert case["code"] == 0 and case["stdout"].startswith("prewarm ") and case["stdout"].strip()
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragments"),
+    [
+        ("ingest no out", ["prewarm ingest", "--out"]),
+        ("bad window", ["--window", "bogus"]),
+        ("bad workers", ["--workers"]),
+        ("bad eval window", ["--window", "bogus"]),
+        ("bad forecast", ["prewarm plan", "--forecast", "bogus"]),
+        ("empty folder", ["nothing to read", "no files"]),
+        ("binary", ["nothing to read", "format"]),
+        ("control", ["nothing to read"]),
+    ],
+)
+def test_bad_values_and_nothing_to_read_are_one_line_exit_2(results, kind, fragments):
+    case = _one(results, kind)
+    assert case["code"] == 2, case
+    lines = case["stderr"].strip().splitlines()
+    assert len(lines) == 1, case
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_reject_samples_print_control_bytes_escaped(results):
+    case = _one(results, "control")
+    assert "\x1b" not in case["stdout"] and "\x07" not in case["stdout"]
+    assert "\\x1b[2J" in case["stdout"] and "\\x07" in case["stdout"], case["stdout"]

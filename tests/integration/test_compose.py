@@ -177,10 +177,20 @@ def _start_redis(spec: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[
 
 
 @pytest.mark.integration
+def prewarm_services(services: dict[str, Any]) -> dict[str, Any]:
+    """The services this test runs: all but redis and the `monitoring` profile's (Prometheus and
+    Grafana images; tests/integration/test_monitoring.py runs that Prometheus's command)."""
+    return {
+        n: s for n, s in services.items()
+        if n != "redis" and "monitoring" not in s.get("profiles", [])
+    }  # fmt: skip
+
+
 def test_every_service_command_becomes_healthy_against_a_local_redis(tmp_path):
     services = _compose()["services"]
     redis_proc, redis_port = _start_redis(services["redis"], tmp_path)
-    local = [LocalService(n, s, redis_port, tmp_path) for n, s in services.items() if n != "redis"]
+    run = prewarm_services(services)
+    local = [LocalService(n, s, redis_port, tmp_path) for n, s in run.items()]
     try:
         for service in local:
             service.start()

@@ -1,0 +1,504 @@
+"""prewarm's own metrics, kept in the store Redis so one scrape of the api sees the whole cluster.
+
+Whichever worker planned, warmed, rolled back or fired a trigger, it adds to the same series in
+the store; ``jobs.api`` reads them at scrape time. Labels are bounded: engine (configured
+names), reason (``window``, ``replica``, ``template``, ``trigger``, ``cli``, ``demo``), outcome,
+trigger kind, miss cause — never item keys.
+
+Layout (under ``pw:metrics:``)::
+
+    series             hash   JSON [name, labels] -> value (counters add, gauges set)
+    plan:<plan_id>     string "engine<TAB>reason" of a submitted plan (8 days)
+    warmed:<engine>    hash   "plan:batch" of a committed batch -> JSON [when, item keys]
+    planned:<engine>   hash   item key -> when a plan last named it
+    engine:<engine>    hash   last engine sample (JSON), last plan's dropped count
+    history:<engine>   zset   events by time (samples, plans, batches, restarts, windows),
+                              kept for ``HISTORY_S``; what ``prewarm report`` reads
+
+The ``record_*`` functions are the call sites' one line each; each is one round trip or two.
+A third of this module is :data:`SPECS`, the table of metric families the api exposes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+import redis
+
+from pipeline.plan import WarmItem, WarmPlan
+from pipeline.triggers import (
+    HIT_RATE_DROP,
+    KEY_DRIFT,
+    REPLICA_READY,
+    REPLICA_RESTARTED,
+    REQUEST_SPIKE,
+    EngineSample,
+    bucket_delta,
+    histogram_quantile,
+    interval_hit_rate,
+)
+from pipeline.warm_outcome import WarmState, WindowOutcome, window_outcome
+
+PREFIX = "pw:metrics:"
+SERIES = PREFIX + "series"
+#: History kept for the report: a week and a day.
+HISTORY_S = 8 * 86400
+#: Committed batches and distinct planned items remembered per engine (oldest dropped first).
+MAX_ITEMS = 50_000
+REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
+#: Trigger kinds, and the reason a plan they caused carries.
+TRIGGER_REASONS = {
+    REPLICA_READY: "replica",
+    REPLICA_RESTARTED: "replica",
+    HIT_RATE_DROP: "trigger",
+    REQUEST_SPIKE: "trigger",
+    KEY_DRIFT: "trigger",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family: its type, help text and label names."""
+
+    kind: str  # "counter" | "gauge"
+    help: str
+    labels: tuple[str, ...]
+
+
+ER = ("engine", "reason")
+SPECS: dict[str, MetricSpec] = {
+    "prewarm_plans_total": MetricSpec("counter", "Warm-up plans submitted", ER),
+    "prewarm_items_planned_total": MetricSpec("counter", "Items in submitted plans", ER),
+    "prewarm_tokens_planned_total": MetricSpec("counter", "Prompt tokens in submitted plans", ER),
+    "prewarm_items_dropped_total": MetricSpec("counter", "Candidates plans left out (budget)", ER),
+    "prewarm_items_warmed_total": MetricSpec("counter", "Items applied by committed batches", ER),
+    "prewarm_items_verified_total": MetricSpec("counter", "Items that passed verification", ER),
+    "prewarm_items_failed_total": MetricSpec("counter", "Items that failed to warm or verify", ER),
+    "prewarm_tokens_primed_total": MetricSpec(
+        "counter", "Prompt tokens of items warmed and verified", ER
+    ),
+    "prewarm_batches_total": MetricSpec(
+        "counter", "Warm-up batches by outcome", ("engine", "reason", "outcome")
+    ),
+    "prewarm_warm_seconds_total": MetricSpec("counter", "Seconds spent running batches", ER),
+    "prewarm_wal_transactions_total": MetricSpec(
+        "counter",
+        "WAL transactions ended, by outcome (committed, rolled_back, recovered)",
+        ("engine", "outcome"),
+    ),
+    "prewarm_trigger_firings_total": MetricSpec(
+        "counter", "Triggers that fired a warm-up", ("engine", "kind")
+    ),
+    "prewarm_trigger_cooldown_skips_total": MetricSpec(
+        "counter", "Triggers skipped while their cooldown ran", ("engine", "kind")
+    ),
+    "prewarm_loop_ticks_total": MetricSpec(
+        "counter", "Warm-up loop ticks by outcome (ok, failed)", ("engine", "outcome")
+    ),
+    "prewarm_loop_interval_seconds": MetricSpec(
+        "gauge", "The loop's period (schedule.window_s)", ("engine",)
+    ),
+    "prewarm_loop_last_tick_timestamp_seconds": MetricSpec(
+        "gauge", "When the loop last ticked", ("engine",)
+    ),
+    "prewarm_loop_last_success_timestamp_seconds": MetricSpec(
+        "gauge", "When the loop last ticked successfully", ("engine",)
+    ),
+    "prewarm_window_requests_total": MetricSpec(
+        "counter", "Requests of closed windows", ("engine",)
+    ),
+    "prewarm_window_covered_requests_total": MetricSpec(
+        "counter", "Requests of closed windows whose item was warm", ("engine",)
+    ),
+    "prewarm_window_misses_total": MetricSpec(
+        "counter", "Requests whose item was not warm, by cause", ("engine", "cause")
+    ),
+    "prewarm_warm_coverage_ratio": MetricSpec(
+        "gauge", "Share of the last closed window's requests whose item was warm", ("engine",)
+    ),
+    "prewarm_window_misses_requests": MetricSpec(
+        "gauge", "Requests of the last closed window not warm, by cause", ("engine", "cause")
+    ),
+    "prewarm_forecast_absolute_error_requests": MetricSpec(
+        "gauge",
+        "Sum of |predicted - observed| requests over items, last closed window",
+        ("engine",),
+    ),
+    "prewarm_forecast_relative_error_ratio": MetricSpec(
+        "gauge", "Forecast absolute error over observed requests, last closed window", ("engine",)
+    ),
+    "prewarm_engine_up": MetricSpec(
+        "gauge", "Whether the engine answered its /metrics at the last watch", ("engine",)
+    ),
+    "prewarm_engine_prefix_cache_hits_total": MetricSpec(
+        "counter", "The engine's own vllm:prefix_cache_hits (tokens), as last read", ("engine",)
+    ),
+    "prewarm_engine_prefix_cache_queries_total": MetricSpec(
+        "counter", "The engine's own vllm:prefix_cache_queries (tokens), as last read", ("engine",)
+    ),
+    "prewarm_engine_prefix_cache_hit_ratio": MetricSpec(
+        "gauge", "The engine's prefix-cache hit rate between the last two reads", ("engine",)
+    ),
+    "prewarm_engine_ttft_p50_seconds": MetricSpec(
+        "gauge", "The engine's median time to first token between the last two reads", ("engine",)
+    ),
+    "prewarm_engine_start_time_seconds": MetricSpec(
+        "gauge", "The engine process's start time (a change is a restart)", ("engine",)
+    ),
+    "prewarm_engine_restarts_total": MetricSpec(
+        "counter", "Engine restarts seen by the watcher", ("engine",)
+    ),
+}
+
+
+def series_field(name: str, labels: Sequence[str]) -> str:
+    """The field of one series in the ``series`` hash."""
+    return json.dumps([name, list(labels)], separators=(",", ":"))
+
+
+def _plan_key(plan_id: str) -> str:
+    return f"{PREFIX}plan:{plan_id}"
+
+
+def _history_key(engine: str) -> str:
+    return f"{PREFIX}history:{engine}"
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _history(
+    pipe: Any, engine: str, kind: str, ts: float, data: Mapping[str, Any], trim: bool = False
+) -> None:
+    """Add an event; ``trim`` (on the infrequent events) drops those older than the history."""
+    member = json.dumps({"kind": kind, "ts": ts, **data, "id": os.urandom(4).hex()})
+    pipe.zadd(_history_key(engine), {member: ts})
+    if trim:
+        pipe.zremrangebyscore(_history_key(engine), "-inf", ts - HISTORY_S)
+
+
+def plan_reason(plan: WarmPlan) -> str:
+    """The reason of a plan: a ``reason: X`` note, a trigger kind in its notes, else ``cli``."""
+    explicit = getattr(plan, "reason", None)
+    if explicit in REASONS:
+        return str(explicit)
+    for note in plan.notes:
+        if note.startswith("reason: ") and note[len("reason: ") :] in REASONS:
+            return note[len("reason: ") :]
+        if note in TRIGGER_REASONS:
+            return TRIGGER_REASONS[note]
+    return "cli"
+
+
+# -- call sites ----------------------------------------------------------------------------
+def record_plan(
+    store: redis.Redis,
+    plan: WarmPlan,
+    engine: str,
+    reason: str | None = None,
+    now: float | None = None,
+) -> None:
+    """A plan was submitted for ``engine``: count it, its items and tokens; remember its keys."""
+    now = time.time() if now is None else now
+    reason = reason or plan_reason(plan)
+    labels = (engine, reason)
+    with store.pipeline(transaction=False) as pipe:
+        pipe.set(_plan_key(plan.plan_id), f"{engine}\t{reason}", ex=HISTORY_S)
+        pipe.hincrbyfloat(SERIES, series_field("prewarm_plans_total", labels), 1)
+        pipe.hincrbyfloat(
+            SERIES, series_field("prewarm_items_planned_total", labels), len(plan.items)
+        )
+        pipe.hincrbyfloat(SERIES, series_field("prewarm_tokens_planned_total", labels), plan.tokens)
+        pipe.hincrbyfloat(SERIES, series_field("prewarm_items_dropped_total", labels), plan.dropped)
+        if plan.items:
+            pipe.hset(
+                f"{PREFIX}planned:{engine}", mapping=dict.fromkeys(_keys(plan.items), int(now))
+            )
+        pipe.hset(f"{PREFIX}engine:{engine}", "last_dropped", plan.dropped)
+        _history(pipe, engine, "plan", now, {
+            "plan_id": plan.plan_id, "reason": reason, "items": len(plan.items),
+            "tokens": plan.tokens, "dropped": plan.dropped,
+        })  # fmt: skip
+        pipe.execute()
+
+
+#: Labels of the plans this process ran batches of (a plan's labels never change), so a batch
+#: costs one round trip to the store, not two. Bounded: the oldest entries go first.
+_PLAN_LABELS: dict[str, tuple[str, str]] = {}
+_PLAN_LABELS_MAX = 1024
+
+
+def _keys(items: Iterable[WarmItem]) -> list[str]:
+    return [item.key for item in items]
+
+
+def _labels_of_plan(store: redis.Redis, plan_id: str, engine: str) -> tuple[str, str]:
+    known = _PLAN_LABELS.get(plan_id)
+    if known is not None:
+        return known
+    raw = store.get(_plan_key(plan_id))
+    if not raw:
+        return engine, "cli"  # a plan stored without submit (a re-warm's own batch)
+    stored_engine, _, reason = _text(raw).partition("\t")
+    labels = (stored_engine or engine, reason or "cli")
+    if len(_PLAN_LABELS) >= _PLAN_LABELS_MAX:
+        del _PLAN_LABELS[next(iter(_PLAN_LABELS))]
+    _PLAN_LABELS[plan_id] = labels
+    return labels
+
+
+def _ok_items(items: Sequence[WarmItem], summary: Mapping[str, Any]) -> list[WarmItem]:
+    failed = {str(f).split(": ", 1)[0] for f in summary.get("failures", ())}
+    return [item for item in items if item.key not in failed]
+
+
+def record_batch(
+    store: redis.Redis,
+    engine: str,
+    plan_id: str,
+    items: Sequence[WarmItem],
+    summary: dict[str, Any],
+    now: float | None = None,
+) -> dict[str, Any]:
+    """A batch ended (``summary`` as ``BatchRunner.run`` returns it); returns ``summary``.
+
+    A duplicate delivery (a stored result) is not counted again.
+    """
+    if summary.get("duplicate"):
+        return summary
+    now = time.time() if now is None else now
+    engine, reason = _labels_of_plan(store, plan_id, engine)
+    state = str(summary.get("state", "unknown"))
+    committed = state == "committed"
+    ok = _ok_items(items, summary) if committed else []
+    labels = (engine, reason)
+    with store.pipeline(transaction=False) as pipe:
+        add = lambda name, value, *extra: pipe.hincrbyfloat(  # noqa: E731 (four lines shorter)
+            SERIES, series_field(name, (*labels, *extra)), value
+        )
+        add("prewarm_batches_total", 1, state)
+        add("prewarm_items_warmed_total", int(summary.get("items", 0)) if committed else 0)
+        add("prewarm_items_verified_total", int(summary.get("ok", 0)) if committed else 0)
+        add("prewarm_items_failed_total", int(summary.get("failed", 0)))
+        add("prewarm_tokens_primed_total", sum(item.tokens for item in ok))
+        add("prewarm_warm_seconds_total", float(summary.get("seconds", 0.0)))
+        if summary.get("txn") and state in ("committed", "rolled_back"):
+            pipe.hincrbyfloat(
+                SERIES, series_field("prewarm_wal_transactions_total", (engine, state)), 1
+            )
+        if ok:
+            # One field per batch (one argument, not one per item: this is the hot path).
+            batch_ref = f"{plan_id}:{summary.get('batch')}"
+            pipe.hset(f"{PREFIX}warmed:{engine}", batch_ref, json.dumps([now, _keys(ok)]))
+        _history(pipe, engine, "batch", now, {
+            "plan_id": plan_id, "reason": reason, "state": state,
+            "items": summary.get("items", 0), "ok": summary.get("ok", 0),
+            "failed": summary.get("failed", 0),
+        })  # fmt: skip
+        pipe.execute()
+    return summary
+
+
+def record_wal(store: redis.Redis, engine: str, outcome: str) -> None:
+    """A WAL transaction ended outside a batch's own run (``recovered`` by a sweep or a retry)."""
+    store.hincrbyfloat(SERIES, series_field("prewarm_wal_transactions_total", (engine, outcome)), 1)
+
+
+def record_trigger(store: redis.Redis, engine: str, kind: str, fired: bool) -> bool:
+    """A trigger of ``kind`` fired (``fired``) or met its cooldown; returns ``fired``."""
+    name = "prewarm_trigger_firings_total" if fired else "prewarm_trigger_cooldown_skips_total"
+    store.hincrbyfloat(SERIES, series_field(name, (engine, kind)), 1)
+    return fired
+
+
+def record_tick(
+    store: redis.Redis,
+    engine: str,
+    ok: bool,
+    interval_s: float | None = None,
+    now: float | None = None,
+) -> None:
+    """The warm-up loop ticked for ``engine`` (``ok``: it read, planned and warmed);
+    ``interval_s`` is its period (``schedule.window_s``), what the stalled-loop alert measures."""
+    now = time.time() if now is None else now
+    with store.pipeline(transaction=False) as pipe:
+        outcome = "ok" if ok else "failed"
+        pipe.hincrbyfloat(SERIES, series_field("prewarm_loop_ticks_total", (engine, outcome)), 1)
+        pipe.hset(SERIES, series_field("prewarm_loop_last_tick_timestamp_seconds", (engine,)), now)
+        if interval_s is not None:
+            pipe.hset(SERIES, series_field("prewarm_loop_interval_seconds", (engine,)), interval_s)
+        if ok:
+            field = series_field("prewarm_loop_last_success_timestamp_seconds", (engine,))
+            pipe.hset(SERIES, field, now)
+        pipe.execute()
+
+
+def _sample_from(raw: Any) -> EngineSample | None:
+    if not raw:
+        return None
+    data = json.loads(raw)
+    data["ttft_buckets"] = tuple(tuple(pair) for pair in data.get("ttft_buckets", ()))
+    return EngineSample(**data)
+
+
+def engine_interval(
+    previous: EngineSample | None, current: EngineSample
+) -> tuple[float | None, float | None]:
+    """(hit rate, median TTFT) between two reads of an engine; None where unknown."""
+    if previous is None:
+        return None, None
+    rate = interval_hit_rate(previous, current)
+    buckets = bucket_delta(previous.ttft_buckets, current.ttft_buckets)
+    return (rate[0] if rate else None), histogram_quantile(buckets, 0.5)
+
+
+def record_engine_sample(
+    store: redis.Redis, engine: str, sample: EngineSample | None, now: float | None = None
+) -> None:
+    """One read of ``engine``'s ``/metrics`` (None: it did not answer)."""
+    now = time.time() if now is None else now
+    state_key = f"{PREFIX}engine:{engine}"
+    if sample is None:
+        store.hset(SERIES, series_field("prewarm_engine_up", (engine,)), 0)
+        return
+    previous = _sample_from(store.hget(state_key, "sample"))
+    hit_rate, ttft = engine_interval(previous, sample)
+    restarted = (
+        previous is not None
+        and None not in (previous.start_time, sample.start_time)
+        and previous.start_time != sample.start_time
+    )
+    values = {
+        "prewarm_engine_up": 1.0,
+        "prewarm_engine_prefix_cache_hits_total": sample.prefix_hits,
+        "prewarm_engine_prefix_cache_queries_total": sample.prefix_queries,
+        "prewarm_engine_prefix_cache_hit_ratio": hit_rate,
+        "prewarm_engine_ttft_p50_seconds": ttft,
+        "prewarm_engine_start_time_seconds": sample.start_time,
+    }
+    with store.pipeline(transaction=False) as pipe:
+        pipe.hset(
+            SERIES,
+            mapping={series_field(k, (engine,)): v for k, v in values.items() if v is not None},
+        )
+        pipe.hset(state_key, "sample", json.dumps(asdict(sample)))
+        if restarted:
+            pipe.hincrbyfloat(SERIES, series_field("prewarm_engine_restarts_total", (engine,)), 1)
+            _history(pipe, engine, "restart", now, {"start_time": sample.start_time})
+        _history(pipe, engine, "sample", now, {
+            "hits": sample.prefix_hits, "queries": sample.prefix_queries, "hit_rate": hit_rate,
+            "ttft_p50_s": ttft, "start_time": sample.start_time,
+        }, trim=True)  # fmt: skip
+        pipe.execute()
+
+
+def warm_state(store: redis.Redis, engine: str) -> WarmState:
+    """What prewarm warmed and planned for ``engine``, and when the engine last restarted."""
+    with store.pipeline(transaction=False) as pipe:
+        pipe.hgetall(f"{PREFIX}warmed:{engine}")
+        pipe.hkeys(f"{PREFIX}planned:{engine}")
+        pipe.hget(f"{PREFIX}engine:{engine}", "last_dropped")
+        pipe.hget(SERIES, series_field("prewarm_engine_start_time_seconds", (engine,)))
+        warmed, planned, dropped, start = pipe.execute()
+    warmed_at: dict[str, float] = {}
+    for raw in warmed.values():
+        ts, keys = json.loads(raw)
+        for key in keys:
+            warmed_at[key] = max(ts, warmed_at.get(key, ts))
+    return WarmState(
+        warmed_at=warmed_at,
+        planned=frozenset(_text(k) for k in planned),
+        budget_cut=bool(dropped and int(float(dropped)) > 0),
+        restarted_at=float(start) if start else None,
+    )
+
+
+def _trim_items(store: redis.Redis, engine: str) -> None:
+    for kind, when in (("warmed", lambda v: json.loads(v)[0]), ("planned", float)):
+        key = f"{PREFIX}{kind}:{engine}"
+        if store.hlen(key) > MAX_ITEMS:
+            entries = sorted(store.hgetall(key).items(), key=lambda kv: when(kv[1]))
+            store.hdel(key, *[k for k, _ in entries[: len(entries) - MAX_ITEMS]])
+
+
+def record_window(
+    store: redis.Redis,
+    engine: str,
+    window: tuple[float, float],
+    observed: Mapping[str, int],
+    seen_before: Iterable[str],
+    predicted: Mapping[str, float] | None = None,
+) -> WindowOutcome:
+    """A window closed: its coverage, misses by cause and the forecast's error, from what was
+    warmed and planned (this store) and what the window's requests used (``observed``: requests
+    per item key; ``seen_before``: item keys seen in earlier windows)."""
+    outcome = window_outcome(window, observed, warm_state(store, engine), seen_before, predicted)
+    with store.pipeline(transaction=False) as pipe:
+        one = (engine,)
+        pipe.hincrbyfloat(
+            SERIES, series_field("prewarm_window_requests_total", one), outcome.requests
+        )
+        pipe.hincrbyfloat(
+            SERIES, series_field("prewarm_window_covered_requests_total", one), outcome.covered
+        )
+        for cause, count in outcome.misses.items():
+            pipe.hincrbyfloat(
+                SERIES, series_field("prewarm_window_misses_total", (engine, cause)), count
+            )
+            pipe.hset(
+                SERIES, series_field("prewarm_window_misses_requests", (engine, cause)), count
+            )
+        gauges = {
+            "prewarm_warm_coverage_ratio": outcome.coverage,
+            "prewarm_forecast_absolute_error_requests": outcome.absolute_error,
+            "prewarm_forecast_relative_error_ratio": outcome.relative_error,
+        }
+        if any(v is not None for v in gauges.values()):
+            pipe.hset(
+                SERIES,
+                mapping={series_field(k, one): v for k, v in gauges.items() if v is not None},
+            )
+        _history(pipe, engine, "window", window[1], outcome.to_dict(), trim=True)
+        pipe.execute()
+    _trim_items(store, engine)
+    return outcome
+
+
+# -- read side -----------------------------------------------------------------------------
+def parse_series(raw: Mapping[Any, Any]) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The ``series`` hash (as HGETALL returns it) by metric name: (label values, value).
+
+    Fields of metrics this version does not know (an older or newer worker's) are skipped.
+    """
+    out: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+    for field, value in raw.items():
+        name, labels = json.loads(field)
+        if name in SPECS and len(labels) == len(SPECS[name].labels):
+            out.setdefault(name, []).append((tuple(labels), float(value)))
+    return out
+
+
+def read_series(store: redis.Redis) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """Every stored series by metric name."""
+    return parse_series(cast(Mapping[Any, Any], store.hgetall(SERIES)))
+
+
+def history(
+    store: redis.Redis, engine: str, since: float = 0.0, until: float | None = None
+) -> list[dict[str, Any]]:
+    """The engine's events between ``since`` and ``until``, oldest first."""
+    high: float | str = "+inf" if until is None else until
+    rows = cast(list[bytes], store.zrangebyscore(_history_key(engine), since, high))
+    return [json.loads(raw) for raw in rows]
+
+
+def engines_with_history(store: redis.Redis) -> list[str]:
+    """Engines that have recorded history."""
+    prefix = _history_key("")
+    return sorted(_text(k)[len(prefix) :] for k in store.scan_iter(match=prefix + "*", count=1000))
