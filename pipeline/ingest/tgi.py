@@ -282,9 +282,9 @@ class TgiChunkParser:
         )
         taken = []
         for i, line in enumerate(lines):
+            if fast[i] and self.current is not None:
+                self._flush()  # an event still open may be an ``Input:`` this line joins
             if fast[i] and not self.inputs:
-                if self.current is not None:
-                    self._flush()
                 taken.append(i)
             else:
                 fast[i] = False
