@@ -37,6 +37,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.cmd_ingest",
     "jobs.cmd_warm",
     "jobs.cmd_evaluate",
+    "jobs.cmd_status",
 ]
 
 
