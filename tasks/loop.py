@@ -30,6 +30,7 @@ import redis
 
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.plan import WarmItem, WarmPlan
+from pipeline.records import records_frame
 from tasks import redis_keys
 from tasks.connections import check_engine_url
 from tasks.observations import Observations, ObservationsVersion, models_root
@@ -46,6 +47,18 @@ Submit = Callable[[WarmPlan, str], str]
 #: Longest a tick waits for another process updating the same engine's observations.
 LOCK_WAIT_S = 60.0
 LOCK_TIMEOUT_S = 600
+# The engine's last claimed window: a tick claims its window only if no later or equal one was
+# claimed, so each window ticks once, whoever runs it, with one key per engine.
+_CLAIM_WINDOW = """
+local last = tonumber(redis.call('get', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('set', KEYS[1], ARGV[1])
+return 1
+"""
+_RELEASE_WINDOW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 @dataclass
@@ -144,7 +157,9 @@ class WarmLoop:
         observations = Observations(self.settings.data_dir, engine.name)
         records = observations.records()
         if records is None or records.empty:
-            return None
+            if reason != "replica" or not engine.adapters:
+                return None
+            records = records_frame([])  # nothing served yet: a replica still gets its adapters
         counts = observations.counts_path if observations.counts_path.exists() else None
         request = plan_request(self.settings, engine.name, shapes=shapes)
         plan = plan_for(
@@ -202,13 +217,13 @@ class WarmLoop:
         window_s = self.settings.schedule.window_s
         start = window_start(self.clock() if now is None else now, window_s)
         name = window_name(start)
-        claim = redis_keys.LOOP_TICK_CLAIM.format(engine=engine_name, window=int(start))
-        if not self.store.set(claim, "1", nx=True, ex=2 * window_s + 60):
+        claim = redis_keys.LOOP_TICK_CLAIM.format(engine=engine_name)
+        if not self.store.eval(_CLAIM_WINDOW, 1, claim, repr(start)):
             return None
         try:
             return self.warm_now(engine_name, "window", window=name)
         except PrewarmError:
-            self.store.delete(claim)  # a retry of this window may run it again
+            self.store.eval(_RELEASE_WINDOW, 1, claim, repr(start))  # a retry may run it again
             raise
 
     # --- records for status -------------------------------------------------------------------

@@ -22,11 +22,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 
 from pipeline.errors import BadInputError
-from pipeline.keys import safe_part
 
 COUNT_KEYS = ["item_kind", "item_key", "window_start"]
 
@@ -71,10 +71,21 @@ def keep_last_windows(counts: pd.DataFrame, windows: int) -> pd.DataFrame:
     return counts[counts["window_start"] >= cutoff].reset_index(drop=True)
 
 
+def engine_folder(engine: str) -> str:
+    """An engine's name as one path part (``/``, ``..`` and the like escaped)."""
+    return (
+        quote(engine, safe="")
+        if engine not in (".", "..")
+        else quote(engine, safe="").replace(".", "%2E")
+    )
+
+
 def models_root(data_dir: Path, engine: str | None = None) -> Path:
     """Where forecasters are saved: per engine for the loop's (``<data_dir>/models/<engine>``),
     else shared (``<data_dir>/models``)."""
-    return Path(data_dir) / "models" / safe_part(engine) if engine else Path(data_dir) / "models"
+    return (
+        Path(data_dir) / "models" / engine_folder(engine) if engine else Path(data_dir) / "models"
+    )
 
 
 class Observations:
@@ -82,7 +93,7 @@ class Observations:
 
     def __init__(self, data_dir: Path, engine: str) -> None:
         self.engine = engine
-        self.folder = Path(data_dir) / "observations" / safe_part(engine)
+        self.folder = Path(data_dir) / "observations" / engine_folder(engine)
 
     @property
     def records_path(self) -> Path:

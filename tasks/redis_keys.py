@@ -32,8 +32,8 @@ LOOP_LAST_PLANS = ROOT + ":loop:{engine}:plans"
 LOOP_PLAN_IDS = ROOT + ":loop:{engine}:plan-ids"
 #: when the engine's next window tick is due (Unix seconds)
 LOOP_NEXT_TICK = ROOT + ":loop:{engine}:next-tick"
-#: one tick per engine and window: the claim of the worker running it
-LOOP_TICK_CLAIM = ROOT + ":loop:{engine}:tick:{window}"
+#: one tick per engine and window: the last window claimed by a tick (Unix seconds)
+LOOP_TICK_CLAIM = ROOT + ":loop:{engine}:tick-claim"
 #: one engine's observations are written by one process at a time
 LOOP_LOCK = ROOT + ":loop:{engine}:lock"
 

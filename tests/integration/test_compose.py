@@ -38,6 +38,10 @@ HEALTHY_WITHIN_S = 150.0
 CONTAINER_DATA_DIR = "/var/lib/prewarm"
 CONTAINER_CONFIG_DIR = "/etc/prewarm"
 CHECK_EVERY_S = 3.0
+#: One health check is a `prewarm` process: ~3 CPU-seconds, which a 2-core machine shared by
+#: many jobs (load 20 and more) stretches to minutes; checks in parallel would all time out.
+HEALTH_TIMEOUT_S = 240
+PARALLEL_CHECKS = 3
 
 
 def _compose() -> dict[str, Any]:
@@ -175,7 +179,11 @@ class LocalService:
     def healthy(self) -> bool:
         try:
             result = subprocess.run(
-                self.health, env=self.env, cwd=self.workdir, capture_output=True, timeout=60
+                self.health,
+                env=self.env,
+                cwd=self.workdir,
+                capture_output=True,
+                timeout=HEALTH_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:  # a loaded machine: not healthy yet, ask again
             return False
@@ -251,7 +259,7 @@ class LocalStack:
         """Seconds until every service's own health check passed; fails with the logs."""
         pending = dict(self.services)
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+        with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
             while pending and time.monotonic() < started + within_s:
                 for name, service in pending.items():
                     assert service.proc is not None and service.proc.poll() is None, (
