@@ -136,11 +136,13 @@ class WarmLoop:
     def model_in_use(self, engine: EngineSettings, version: ObservationsVersion) -> str | None:
         """The engine's saved forecaster version; one is fitted and saved first when there is
         none and the observations have enough windows. None: the planner uses frequency."""
+        root = models_root(self.settings.data_dir, engine.name)
+        if not root.exists() and version.windows < self.settings.loop.min_windows_for_model:
+            return None
         from models.forecaster import SAVED_NAME
         from models.persistence import current_version
         from tasks.model_tasks import train_and_save
 
-        root = models_root(self.settings.data_dir, engine.name)
         if not (root / SAVED_NAME).exists():
             if version.windows < self.settings.loop.min_windows_for_model:
                 return None
@@ -160,11 +162,19 @@ class WarmLoop:
             if reason != "replica" or not engine.adapters:
                 return None
             records = records_frame([])  # nothing served yet: a replica still gets its adapters
-        counts = observations.counts_path if observations.counts_path.exists() else None
+        root = models_root(self.settings.data_dir, engine.name)
+        # A model only where one is saved or can be fitted: else the frequency estimate, without
+        # loading the learning libraries at all (seconds on a small machine).
+        learnable = root.exists() or (
+            observations.version().windows >= self.settings.loop.min_windows_for_model
+        )
+        counts = (
+            observations.counts_path if learnable and observations.counts_path.exists() else None
+        )
         request = plan_request(self.settings, engine.name, shapes=shapes)
         plan = plan_for(
-            records, request, reason=reason, windows=counts, engine=engine,
-            models_root=models_root(self.settings.data_dir, engine.name),
+            records, request, reason=reason, windows=counts, engine=engine, models_root=root,
+            forecast="auto" if counts is not None else "frequency",
         )  # fmt: skip
         return with_configured_adapters(plan, engine) if reason == "replica" else plan
 
