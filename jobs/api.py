@@ -30,7 +30,7 @@ from tasks.settings import Settings, current_settings
 
 SERVICE = "prewarm-api"
 #: Modules whose ``webhook_routes()`` the api mounts, if they are installed.
-ROUTE_PROVIDERS = ("jobs.webhooks",)
+ROUTE_PROVIDERS = ("jobs.webhooks", "jobs.cmd_status")
 
 
 class QueueDepthCollector(Collector):

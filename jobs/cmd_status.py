@@ -72,6 +72,28 @@ def status(
         raise typer.Exit(1)
 
 
+def webhook_routes() -> list[Any]:
+    """Routes the api mounts (its provider hook): ``GET /status``, the same JSON as
+    ``prewarm status --json`` (503 when the loop is unhealthy)."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    def report() -> dict[str, Any]:
+        from tasks.events import store_client
+        from tasks.loop_status import loop_status
+
+        settings = current_settings()
+        return json.loads(json.dumps(loop_status(settings, store_client(settings)), default=str))
+
+    async def status_route(request: Request) -> JSONResponse:
+        body = await run_in_threadpool(report)
+        return JSONResponse(body, status_code=200 if body["healthy"] else 503)
+
+    return [Route("/status", status_route, methods=["GET"])]
+
+
 def register(app: typer.Typer) -> None:
     """Add ``prewarm status``."""
     app.command("status")(status)

@@ -50,6 +50,8 @@ class Watcher:
         fired = [replica] if replica else []
         if sample is None:
             return fired
+        if replica:  # a replica that just started is warmed already; its cache is cold by nature
+            return fired
         for event in detect_cold_cache(self.store, sample, self.cooldown_s):
             fired.append({**event.to_dict(), "task_id": self.on_event(event)})
         return fired

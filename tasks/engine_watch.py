@@ -171,6 +171,11 @@ def detect_cold_cache(
     past their cooldown."""
     key = redis_keys.TRIGGER_DETECTORS.format(engine=sample.engine)
     detectors = EngineDetectors.from_json(store.get(key))
+    previous = detectors.previous
+    if previous is not None and previous.start_time != sample.start_time:
+        # A new engine process: its counters and its cache start from zero, and the replica
+        # watch warms it; a "drop" measured across the restart would only warm it twice.
+        detectors = EngineDetectors()
     events = detectors.observe(sample)
     store.set(key, detectors.to_json())
     return [e for e in events if cooldown_allows(store, e, cooldown_s)]
@@ -215,7 +220,7 @@ def watch_engine(
     replica, sample = watch_replica(settings, store, engine)
     fired = [replica] if replica else []
     if sample is not None:
-        for event in detect_cold_cache(store, sample, cooldown_s):
+        for event in detect_cold_cache(store, sample, cooldown_s) if not replica else ():
             fired.append(
                 {**event.to_dict(), "task_id": queue_warm_engine(event.engine, event.kind)}
             )

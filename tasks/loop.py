@@ -230,6 +230,7 @@ class WarmLoop:
         claim = redis_keys.LOOP_TICK_CLAIM.format(engine=engine_name)
         if not self.store.eval(_CLAIM_WINDOW, 1, claim, repr(start)):
             return None
+        self.store.set(redis_keys.LOOP_NEXT_TICK.format(engine=engine_name), start + window_s)
         try:
             return self.warm_now(engine_name, "window", window=name)
         except PrewarmError:

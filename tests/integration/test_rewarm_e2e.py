@@ -64,11 +64,13 @@ def test_push_webhook_rewarms_and_serves_the_new_version(
         assert "one sentence" in new_head
         # The engine already holds the new version's head: a real request hits the cache.
         prompt = new_head + "Customer: Bob\nQuestion: why was I charged twice?\n"
-        assert _cached_tokens(stack.engine_url, prompt) >= 16
-        # ... and so does a chat user of the same template, through the chat template
+        completion_cached = _cached_tokens(stack.engine_url, prompt)
+        assert completion_cached >= 16
+        # ... and so does a chat user of the same template, through the chat template: every
+        # whole block of the head (the chat header shifts it by a few tokens: one block at most)
         rendered = new_head + "Customer: Ann\nQuestion: where is my invoice?\n"
         cached, prompt_tokens = _chat_cached_tokens(stack.engine_url, rendered, "Thanks!")
-        assert cached >= 16 and cached >= 0.5 * prompt_tokens, (cached, prompt_tokens)
+        assert cached >= max(16, completion_cached - 16), (cached, prompt_tokens)
 
         # The same delivery content again (a new delivery id) finds nothing left to do.
         again = stack.push_webhook(first, second)
