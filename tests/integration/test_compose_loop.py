@@ -115,7 +115,7 @@ def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
         share = len(served) / len(counted)
         print(f"served from cache on first use after the restart: {len(served)}/{len(counted)} "
               f"({share:.0%}); replica warm-up {outcome and outcome['planned']} items, "
-              f"done {outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
+              f"started {outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
               f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s)")  # fmt: skip
         assert outcome is not None, stack.services["worker-ingest"].log_tail()
         assert answered <= deadline
