@@ -242,10 +242,10 @@ def _rss_kib() -> int:
 def test_two_hundred_ticks_keep_redis_keys_and_memory_bounded(tmp_path, store_url, store):
     """Bound: after 200 window ticks (traffic in every window), the store holds no more keys
     than after 20 ticks (plans beyond ``loop.keep_plans`` are deleted with their WAL records),
-    the observations keep at most ``keep_windows`` windows, and once the kept records are full
-    (``keep_records`` = 400, tick 100) this process's resident memory grows by less than 32 MiB
-    over the next 90 ticks (less than 160 MiB from tick 20 to 200 in all). The simulator runs as
-    its own process (``prewarm simulator``, zero latency), so only the loop is measured."""
+    the observations keep at most ``keep_windows`` windows, and this process's resident memory
+    grows by less than 64 MiB from tick 20 to tick 200 (the learning libraries imported first:
+    a one-time cost, not growth). The simulator runs as its own process (``prewarm simulator``,
+    zero latency), so only the loop is measured."""
     port = free_port()
     log = tmp_path / "engine.log"
     argv = [prewarm_script(), "simulator", "--port", str(port), "--log-file", str(log),
@@ -268,6 +268,10 @@ def _two_hundred_ticks(url: str, log: Path, tmp_path: Path, store_url: str, stor
         loop=LoopSettings(keep_windows=24, keep_records=400, keep_plans=4), window_s=60,
     )  # fmt: skip
     loop = WarmLoop(settings, store, submit=in_process(store, settings))
+    # Once the observations span `min_windows_for_model` windows (real minutes here) the loop
+    # fits a forecaster: LightGBM's import (~90 MiB, once per process) is not growth.
+    import models.forecaster  # noqa: F401 - imported for its one-time memory only
+
     start = 1_800_000_000.0
     keys_at, rss_at = {}, {}
     for n in range(200):
@@ -280,9 +284,7 @@ def _two_hundred_ticks(url: str, log: Path, tmp_path: Path, store_url: str, stor
             keys_at[n + 1], rss_at[n + 1] = store.dbsize(), _rss_kib()
     print(f"200 ticks: store keys {keys_at}, resident KiB {rss_at}", flush=True)
     assert keys_at[200] <= keys_at[20]
-    # Memory grows while the kept records fill up (4 a tick: full at tick 100), then levels off.
-    assert rss_at[200] - rss_at[110] < 32 * 1024
-    assert rss_at[200] - rss_at[20] < 160 * 1024
+    assert rss_at[200] - rss_at[20] < 64 * 1024
     assert Observations(settings.data_dir, "sim").version().windows <= 24
 
 
