@@ -218,7 +218,8 @@ class DemoRun:
         warm_start = rec.boundary()
         with self.step(f"Replaying {n} requests after warming", n) as advance:
             self.result.warm = replay(sim.url, self.workload, c.max_tokens, rec.every(4, advance))
-        rec.close_window(warm_start, rec.boundary(), self.result.learned.plan)
+        learned = self.result.learned
+        rec.close_window(warm_start, rec.boundary(), learned.plan if learned else None)
         self._write_report(rec)
 
     def _write_report(self, rec: DemoRecorder) -> None:
