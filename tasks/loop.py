@@ -31,7 +31,8 @@ import redis
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.plan import WarmItem, WarmPlan
 from pipeline.records import records_frame
-from tasks import redis_keys
+from pipeline.warm_outcome import request_items
+from tasks import redis_keys, telemetry
 from tasks.connections import check_engine_url
 from tasks.observations import Observations, ObservationsVersion, models_root
 from tasks.plan_store import PlanStore
@@ -232,10 +233,30 @@ class WarmLoop:
             return None
         self.store.set(redis_keys.LOOP_NEXT_TICK.format(engine=engine_name), start + window_s)
         try:
-            return self.warm_now(engine_name, "window", window=name)
+            outcome = self.warm_now(engine_name, "window", window=name)
         except PrewarmError:
             self.store.eval(_RELEASE_WINDOW, 1, claim, repr(start))  # a retry may run it again
+            telemetry.record_tick(self.store, engine_name, False, window_s, now=self.clock())
             raise
+        telemetry.record_tick(self.store, engine_name, True, window_s, now=self.clock())
+        self.close_window(engine_name, (start - window_s, start))
+        return outcome
+
+    def close_window(self, engine_name: str, window: tuple[float, float]) -> None:
+        """The window that just closed, for coverage, misses and forecast error: its requests
+        per item (the deepest planned block of each request's chain) against what was warmed."""
+        records = Observations(self.settings.data_dir, engine_name).records()
+        if records is None or records.empty or "prefix_hashes" not in records:
+            return
+        epoch = pd.Timestamp(0, tz="UTC")
+        ts = (pd.to_datetime(records["ts"], utc=True) - epoch) / pd.Timedelta(seconds=1)
+        inside = records[(ts >= window[0]) & (ts < window[1])]
+        if inside.empty:
+            return
+        known = telemetry.warm_state(self.store, engine_name).planned
+        observed = request_items(inside["prefix_hashes"], known)
+        seen = {h for chain in records[ts < window[0]]["prefix_hashes"].dropna() for h in chain}
+        telemetry.record_window(self.store, engine_name, window, observed, seen)
 
     # --- records for status -------------------------------------------------------------------
 
