@@ -66,7 +66,7 @@ def _round(stack: Stack, before: str, files: dict[str, str]) -> tuple[str, float
 
 
 def _forget(store: redis.Redis) -> None:
-    for key in store.scan_iter(match=f"prewarm:templates:{REPO}:*"):
+    for key in store.scan_iter(match=f"pw:templates:{REPO}:*"):
         store.delete(key)
 
 

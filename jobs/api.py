@@ -34,7 +34,7 @@ from tasks.wal_store import ACTIVE
 
 SERVICE = "prewarm-api"
 #: Modules whose ``webhook_routes()`` the api mounts, if they are installed.
-ROUTE_PROVIDERS = ("jobs.webhooks",)
+ROUTE_PROVIDERS = ("jobs.webhooks", "jobs.cmd_status")
 
 
 class QueueDepthCollector(Collector):

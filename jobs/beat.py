@@ -1,5 +1,11 @@
 """Beat schedule from configuration (``[schedule]``): what runs periodically, and how often.
 
+The warm-up loop's dispatcher (``prewarm.loop.dispatch``) runs every :data:`DISPATCH_S`
+seconds (or every window, when windows are shorter) and sends each engine's window tick when
+it is due, so windows, engines and sources changed in the settings file apply at the next tick
+without restarting beat. Retraining reads the same observations (``prewarm.model.
+retrain_engines``, every ``retrain_s``).
+
 ``prewarm beat`` (``jobs.services``) installs :func:`beat_schedule`. Each entry expires after
 one period, so a beat that was down does not flood the workers with stale ticks when it returns.
 Entries whose task no installed module defines are left out (and named in the log), so the
@@ -17,10 +23,13 @@ from tasks.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between two looks of the loop's dispatcher at the engines' next ticks.
+DISPATCH_S = 5.0
+
 #: (entry name, task name, the ``schedule`` setting that gives its period)
 PERIODIC = (
-    ("forecast", "prewarm.model.predict", "window_s"),
-    ("retrain", "prewarm.model.retrain", "retrain_s"),
+    ("warm-loop", "prewarm.loop.dispatch", "window_s"),
+    ("retrain", "prewarm.model.retrain_engines", "retrain_s"),
     ("poll-template-repos", "prewarm.events.poll_repos", "poll_repos_s"),
     ("wal-recovery-sweep", "prewarm.warm.recover", "wal_sweep_s"),
     ("replica-watch", "prewarm.events.replica_watch", "replica_watch_s"),
@@ -43,5 +52,7 @@ def beat_schedule(settings: Settings, known: set[str] | None = None) -> dict[str
             logger.info("beat: %s left out (no task %s installed)", entry, task)
             continue
         period = float(getattr(settings.schedule, setting))
+        if entry == "warm-loop":
+            period = min(period, DISPATCH_S)
         schedule[entry] = {"task": task, "schedule": period, "options": {"expires": period}}
     return schedule

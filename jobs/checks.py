@@ -20,6 +20,7 @@ from tasks.connections import (
     check_settings_redis,
     redacted,
 )
+from tasks.health import loop_health_problems
 from tasks.settings import current_settings
 
 health_app = typer.Typer(
@@ -60,12 +61,16 @@ def worker_check(
 def beat_check(
     max_age_s: Annotated[float, Opt(help="Oldest acceptable heartbeat, in seconds.")] = 60.0,
 ) -> None:
-    """celery beat ticked recently (its heartbeat in Redis is fresh)."""
+    """celery beat ticked recently (its heartbeat in Redis is fresh) and its periodic work did
+    not fail (the loop's last ticks, the periodic tasks' last runs)."""
     age = beat_heartbeat_age(current_settings().store_redis_url)
     if age is None:
         raise TransientError("beat has not ticked yet (no heartbeat in Redis)")
     if age > max_age_s:
         raise TransientError(f"beat last ticked {age:.0f}s ago (limit {max_age_s:g}s)")
+    problems = loop_health_problems()
+    if problems:
+        raise TransientError("; ".join(problems))
     _ok(f"beat ticked {age:.1f}s ago")
 
 

@@ -57,6 +57,7 @@ COMMAND_MODULES: list[str] = [
     "jobs.cmd_evaluate",
     "jobs.kv_service",
     "jobs.report",
+    "jobs.cmd_status",
 ]
 
 

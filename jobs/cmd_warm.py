@@ -47,7 +47,8 @@ def build_plan_from(
     responses: bool = False, embeddings: bool = False, forecast: str = "auto",
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
-    from tasks.warm_plan import plan_for_engine, plan_request, read_records
+    from tasks.planner_entry import plan_for
+    from tasks.warm_plan import plan_request, read_records
 
     settings = current_settings()
     records, windows = read_records(source)
@@ -57,8 +58,8 @@ def build_plan_from(
         embeddings=embeddings,
     )  # fmt: skip
     engine_settings = settings.engine(request.engine)
-    return plan_for_engine(records, request, windows, forecast, engine=engine_settings,
-                           models_root=settings.data_dir / "models")  # fmt: skip
+    return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
+                    engine=engine_settings, models_root=settings.data_dir / "models")  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:

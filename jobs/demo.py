@@ -1,10 +1,11 @@
 """``prewarm demo``: the whole loop on one machine, with nothing to install but Python packages.
 
 It starts an embedded Redis, the engine SIMULATOR and a real Celery worker; replays a generated
-workload cold (recording the time to first token of each template's first request); ingests the
-simulator's own vLLM-format log, counts, plans; restarts the simulator as a deploy would (cold
-cache); warms it through the worker; replays again. Every latency is SIMULATED by the
-simulator's latency model, and the printout says so.
+workload cold (recording the time to first token of each template's first request); restarts
+the simulator as a deploy would (cold cache); runs prewarm's warm-up loop on the worker
+(``prewarm.loop.warm``, reason ``demo``: read the simulator's vLLM-format log — a configured
+``[[sources]]`` entry — observe, plan with the one planner, warm through the WAL); replays
+again. Every latency is SIMULATED by the simulator's latency model, and the printout says so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,7 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from jobs.demo_workload import DemoRequest, generate_workload
 from jobs.embedded import EmbeddedRedis, WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
-from pipeline.plan import EngineCost, PlanBudget
+from pipeline.errors import TransientError
 from tasks.settings import Settings, current_settings, load_settings
 
 if TYPE_CHECKING:
@@ -121,6 +122,10 @@ def _write_settings(path: Path, redis: EmbeddedRedis, sim_url: str, config: Demo
         f'kind = "simulator"\nmax_concurrency = 4\n'
         f"prefill_s_per_token = {config.prefill_ms_per_token / 1000}\n"
         f"cache_tokens = {config.capacity_blocks * config.block_size}\n"
+        f"cache_block_tokens = {config.block_size}\n\n"
+        f'[[sources]]\nengine = "{ENGINE}"\nkind = "vllm-log"\n'
+        f'path = "{path.parent / "engine.log"}"\n\n'
+        f"[budget]\nmax_items = 20\nbatch_size = 2\n\n[schedule]\nwindow_s = 60\n"
     )
     return load_settings({}, path)
 
@@ -194,8 +199,7 @@ class DemoRun:
         return self.result
 
     def _measure(self, sim: SimulatorServer, worker: WorkerProcess, settings: Settings) -> None:
-        from jobs.demo_pipeline import learn_plan  # pandas: only when the demo runs
-        from jobs.demo_telemetry import DemoRecorder
+        from jobs.demo_telemetry import DemoRecorder  # pandas: only when the demo runs
 
         n, c = len(self.workload), self.config
         rec = DemoRecorder(settings, ENGINE, self.workdir / "engine.log", c.block_size)
@@ -204,13 +208,6 @@ class DemoRun:
         with self.step(f"Replaying {n} requests against a cold cache", n) as advance:
             self.result.cold = replay(sim.url, self.workload, c.max_tokens, rec.every(4, advance))
         rec.close_window(cold_start, rec.boundary())
-        with self.step("Learning: ingest the simulator's vLLM log → counts → plan"):
-            budget = PlanBudget(
-                max_items=20, max_tokens=c.capacity_blocks * c.block_size, batch_size=2
-            )
-            cost = EngineCost(prefill_s_per_token=c.prefill_ms_per_token / 1000)
-            log_file = self.workdir / "engine.log"
-            self.result.learned = learn_plan(log_file, ENGINE, MODEL, budget, cost, c.block_size)
         with self.step("Restarting the simulator, as after a deploy (cache now cold)"):
             sim.restart()
             rec.sample()
@@ -221,7 +218,8 @@ class DemoRun:
         warm_start = rec.boundary()
         with self.step(f"Replaying {n} requests after warming", n) as advance:
             self.result.warm = replay(sim.url, self.workload, c.max_tokens, rec.every(4, advance))
-        rec.close_window(warm_start, rec.boundary(), self.result.learned.plan)
+        learned = self.result.learned
+        rec.close_window(warm_start, rec.boundary(), learned.plan if learned else None)
         self._write_report(rec)
 
     def _write_report(self, rec: DemoRecorder) -> None:
@@ -233,19 +231,23 @@ class DemoRun:
             write_report(rec.store, ENGINE, self.started - 1, time.time() + 1, self.report_path)
 
     def _warm(self, settings: Settings) -> None:
-        from tasks.warm import plan_report, submit_plan
+        from jobs.demo_pipeline import learned_from  # pandas: only when the demo runs
+        from tasks.celery_app import app
+        from tasks.events import store_client
+        from tasks.warm import plan_report
 
-        assert self.result.learned is not None
-        plan = replace(
-            self.result.learned.plan, notes=(*self.result.learned.plan.notes, "reason: demo")
-        )
+        with self.step("The warm-up loop on the worker: read the simulator's log → observe → plan"):
+            outcome = app.send_task("prewarm.loop.warm", (ENGINE, "demo")).get(timeout=120)
+            if not outcome.get("plan_id"):
+                raise TransientError(f"the loop planned nothing: {outcome['status']}")
+            self.result.learned = learned_from(settings, store_client(settings), outcome)
+        plan = self.result.learned.plan
         with self.step(
             f"Warming {len(plan.items)} prefixes through the worker", len(plan.items)
         ) as advance:
-            plan_id = submit_plan(plan, ENGINE, settings=settings)
             deadline, done_items = time.monotonic() + 60, 0
             while time.monotonic() < deadline:
-                report = plan_report(plan_id, settings=settings)
+                report = plan_report(plan.plan_id, settings=settings)
                 finished = report["items_ok"] + report["items_failed"]
                 for _ in range(finished - done_items):
                     advance()

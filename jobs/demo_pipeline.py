@@ -1,27 +1,28 @@
-"""The demo's learning step: the simulator's log → records → counts → a budgeted plan.
+"""What the demo shows of the loop's work: the records it read, the counts, the plan it made.
 
-Every step is prewarm's real one (ingest, item × window counts, the planner from records); the
-forecast is the simple frequency one: an EWMA over the windows the counts show per prefix.
+The demo runs prewarm's own loop (``prewarm.loop.warm`` on its embedded worker, reason
+``demo``): read the simulator's log as a configured source, add it to the engine's
+observations, plan with the one planner, warm through the WAL. This module only reads back what
+that run left: the plan from the store, the counts from the observations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import redis
 
-from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.plan import EngineCost, PlanBudget, WarmPlan
-from pipeline.planning import PlanRequest, plan_from_records
-from pipeline.prefixes import frequency_forecast
-from pipeline.windows import item_window_counts
+from pipeline.plan import WarmPlan
+from tasks.observations import Observations
+from tasks.plan_store import PlanStore
+from tasks.settings import Settings
 
 
 @dataclass(frozen=True)
 class Learned:
-    """What the demo learned from the log, for the printout."""
+    """What the loop learned from the log, for the printout."""
 
     records: int
     rejected: int
@@ -29,30 +30,14 @@ class Learned:
     plan: WarmPlan
 
 
-def forecast_from_counts(counts: pd.DataFrame, keys: Iterable[str]) -> dict[str, float]:
-    """Next-window requests per prefix key: the frequency EWMA over its windows in ``counts``."""
-    prefixes = counts[counts["item_kind"] == "prefix"]
-    wanted = prefixes[prefixes["item_key"].isin(set(keys))]
-    forecast: dict[str, float] = {}
-    for key, rows in wanted.groupby("item_key"):
-        starts = pd.to_datetime(rows["window_start"], utc=True)
-        indices = (starts.astype("int64") // 10**9 // 60).astype(int)  # one-minute windows
-        forecast[str(key)] = frequency_forecast(dict(zip(indices, rows["requests"], strict=True)))
-    return forecast
-
-
-def learn_plan(
-    log_file: Path, engine: str, model: str, budget: PlanBudget, cost: EngineCost, block_size: int
-) -> Learned:
-    """Ingest ``log_file`` and plan the warm-up of its shared prefixes for ``engine``."""
-    result = ingest_paths(
-        [log_file], IngestOptions(block_size=block_size, model=model, window="1min")
+def learned_from(settings: Settings, store: redis.Redis, outcome: dict[str, Any]) -> Learned:
+    """The records read, the counts kept and the plan of one loop outcome."""
+    sources = outcome.get("sources") or []
+    plan, _, _ = PlanStore(store).load(str(outcome["plan_id"]))
+    counts = Observations(settings.data_dir, outcome["engine"]).counts()
+    return Learned(
+        records=sum(int(s.get("records", 0)) for s in sources),
+        rejected=sum(int(s.get("rejected", 0)) for s in sources),
+        counts=counts if counts is not None else pd.DataFrame(columns=["item_kind", "item_key"]),
+        plan=plan,
     )
-    counts = item_window_counts(result.records, window="1min")
-    forecast = forecast_from_counts(counts, counts["item_key"][counts["item_kind"] == "prefix"])
-    request = PlanRequest(
-        engine, model, budget, cost, min_count=2, window_s=60, block_size=block_size
-    )
-    plan = plan_from_records(result.records, request, forecast)
-    rejected = int(result.summary_dict()["rejected"])
-    return Learned(len(result.records), rejected, counts, plan)

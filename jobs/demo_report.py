@@ -98,5 +98,6 @@ def result_json(result: DemoResult) -> dict[str, Any]:
         },
         "records": learned.records if learned else 0,
         "plan_items": [i.key for i in learned.plan.items] if learned else [],
+        "plan_notes": list(learned.plan.notes) if learned else [],
         "warm_report": result.report,
     }

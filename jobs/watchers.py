@@ -1,54 +1,34 @@
-"""``prewarm watch``: replica start-up and cold-cache triggers, polled in one loop.
+"""``prewarm watch``: replica start-up and cold-cache triggers, polled in one loop, for a terminal.
 
-Every ``interval`` seconds each configured engine is observed (``/health``, ``/v1/models``,
-``/metrics``). A replica that became ready or restarted is warmed at once; the metrics feed a
-hit-rate-drop detector and a request-spike detector per engine, whose events (after a cooldown
-held in Redis) queue ``prewarm.events.warm_engine``.
+The services do the same on beat (``prewarm.events.replica_watch``); both keep the detectors'
+state and cooldowns in the store Redis, so they never fire twice for one event. Every
+``interval`` seconds each configured engine is observed (``/health``, ``/v1/models``,
+``/metrics``). A replica that became ready or restarted is warmed at once through the loop; the
+metrics feed a hit-rate-drop and a request-spike detector per engine, whose events (after a
+cooldown) queue ``prewarm.events.warm_engine``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import redis
 import typer
 from rich.console import Console
 
-from pipeline.triggers import (
-    EngineSample,
-    HitRateDropDetector,
-    SpikeDetector,
-    TriggerEvent,
-    counter_delta,
+from pipeline.triggers import TriggerEvent
+from tasks.engine_watch import (
+    TRIGGER_COOLDOWN_S,
+    detect_cold_cache,
+    queue_warm_engine,
+    watch_replica,
 )
-from tasks.engine_watch import cooldown_allows, queue_warm_engine, watch_replica
 from tasks.events import store_client
 from tasks.settings import EngineSettings, Settings, current_settings
 
-TRIGGER_COOLDOWN_S = 300.0
 OnEvent = Callable[[TriggerEvent], Any]
-
-
-@dataclass
-class EngineDetectors:
-    """Rolling state of one engine's cold-cache detectors."""
-
-    hit_rate: HitRateDropDetector = field(default_factory=HitRateDropDetector)
-    spike: SpikeDetector = field(default_factory=SpikeDetector)
-    previous: EngineSample | None = None
-
-    def observe(self, sample: EngineSample) -> list[TriggerEvent]:
-        """Feed one scrape; returns the events it raised."""
-        events = [self.hit_rate.observe(sample)]
-        if self.previous is not None:
-            requests = counter_delta(self.previous.requests, sample.requests)
-            if requests is not None:
-                events.append(self.spike.observe(sample.engine, sample.ts, requests))
-        self.previous = sample
-        return [event for event in events if event is not None]
 
 
 class Watcher:
@@ -63,7 +43,6 @@ class Watcher:
     ) -> None:
         self.settings, self.store, self.cooldown_s = settings, store, cooldown_s
         self.on_event = on_event or (lambda event: queue_warm_engine(event.engine, event.kind))
-        self.detectors: dict[str, EngineDetectors] = {}
 
     def poll_engine(self, engine: EngineSettings) -> list[dict[str, Any]]:
         """Observe one engine; returns what fired (replica warm-ups and trigger events)."""
@@ -71,10 +50,10 @@ class Watcher:
         fired = [replica] if replica else []
         if sample is None:
             return fired
-        detectors = self.detectors.setdefault(engine.name, EngineDetectors())
-        for event in detectors.observe(sample):
-            if cooldown_allows(self.store, event, self.cooldown_s):
-                fired.append({**event.to_dict(), "task_id": self.on_event(event)})
+        if replica:  # a replica that just started is warmed already; its cache is cold by nature
+            return fired
+        for event in detect_cold_cache(self.store, sample, self.cooldown_s):
+            fired.append({**event.to_dict(), "task_id": self.on_event(event)})
         return fired
 
     def poll(self) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ TASK_MODULES = [
     "tasks.warm",
     "tasks.ingest",
     "tasks.model_tasks",
+    "tasks.loop_tasks",
 ]
 
 
@@ -56,7 +57,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "task_queues": [_queue(name) for name in QUEUES],
         "task_default_queue": "events",
-        "task_routes": {f"prewarm.{name}.*": {"queue": name} for name in QUEUES},
+        "task_routes": {
+            **{f"prewarm.{name}.*": {"queue": name} for name in QUEUES},
+            "prewarm.loop.*": {"queue": "ingest"},  # the loop reads sources first
+        },
         "timezone": "UTC",
         "enable_utc": True,
         "worker_hijack_root_logger": False,

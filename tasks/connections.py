@@ -17,9 +17,10 @@ import kombu.exceptions
 import redis
 
 from pipeline.errors import BadInputError, EngineUnavailableError, PrewarmError, TransientError
+from tasks import redis_keys
 from tasks.settings import Settings
 
-BEAT_HEARTBEAT_KEY = "prewarm:beat:heartbeat"
+BEAT_HEARTBEAT_KEY = redis_keys.BEAT_HEARTBEAT
 
 
 class RedisUnavailableError(TransientError):

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import redis
 
 from pipeline.errors import TransientError
+from tasks import redis_keys
 
 _ACQUIRE = """
 redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[1])
@@ -30,7 +31,7 @@ class EngineSemaphore:
 
     def __init__(self, client: redis.Redis, engine: str, limit: int, hold_s: float = 30.0) -> None:
         self.r = client
-        self.key = f"pw:sem:{engine}"
+        self.key = redis_keys.ENGINE_SEMAPHORE.format(engine=engine)
         self.limit = limit
         self.hold_s = hold_s
         self._acquire = client.register_script(_ACQUIRE)

@@ -1,42 +1,46 @@
 """Watching engine replicas: health, served models, process start time and cache metrics.
 
-A replica that becomes ready or restarts gets a warm-up at once: one request per workload shape
-of the newest ingest, its adapters, and the hottest template heads of its model. The last
-observation of each replica is kept in Redis, so the beat task and ``prewarm watch`` share what
-they saw, and cooldowns live in Redis too (``SET NX EX``), so two watchers cannot both fire.
+A replica that becomes ready or restarts is warmed at once through the loop
+(:meth:`tasks.loop.WarmLoop.warm_now`, reason ``replica``): what the window tick would warm
+(the forecast's hottest prefixes within its capacity) plus its workload shapes and adapters.
+The same scrape feeds the cold-cache detectors (hit-rate drop, request spike); their state and
+the last observation of each replica are kept in the store Redis, so the beat task on any
+worker and ``prewarm watch`` share what they saw, and cooldowns live there too (``SET NX PX``),
+so two watchers cannot both fire.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
-from pathlib import Path
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-import pandas as pd
 import redis
 from celery import shared_task
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.errors import BadInputError
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
-from pipeline.planning import shape_items
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
-from pipeline.triggers import EngineSample, ReplicaObservation, TriggerEvent, replica_event
+from pipeline.triggers import (
+    EngineSample,
+    HitRateDropDetector,
+    ReplicaObservation,
+    SpikeDetector,
+    TriggerEvent,
+    counter_delta,
+    replica_event,
+)
+from tasks import redis_keys
+from tasks.base import PrewarmTask
 from tasks.celery_app import app
 from tasks.events import store_client
-from tasks.rewarm import hotness, serving
 from tasks.settings import EngineSettings, Settings, current_settings
 from tasks.telemetry import record_engine_sample, record_trigger
-from tasks.warm import submit_plan
 
-_LAST = "prewarm:replicas:{engine}:last"
-_COOLDOWN = "prewarm:triggers:cooldown:{kind}:{engine}"
 REPLICA_COOLDOWN_S = 30.0
-#: Records read for workload shapes: enough to see every (prompt, output) length bucket.
-RECENT_RECORDS = 20_000
+TRIGGER_COOLDOWN_S = 300.0
 _COUNTERS = {
     "vllm:prefix_cache_queries_total": "prefix_queries",
     "vllm:prefix_cache_hits_total": "prefix_hits",
@@ -99,7 +103,7 @@ def observe(
 
 
 def _last(store: redis.Redis, engine: str) -> ReplicaObservation | None:
-    raw = store.get(_LAST.format(engine=engine))
+    raw = store.get(redis_keys.REPLICA_LAST.format(engine=engine))
     if not raw:
         return None
     data = json.loads(raw)
@@ -108,70 +112,88 @@ def _last(store: redis.Redis, engine: str) -> ReplicaObservation | None:
 
 def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float) -> bool:
     """Claim the cooldown of ``event``'s kind and engine; False while one is running."""
-    key = _COOLDOWN.format(kind=event.kind, engine=event.engine)
+    key = redis_keys.TRIGGER_COOLDOWN.format(kind=event.kind, engine=event.engine)
     claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
     return record_trigger(store, event.engine, event.kind, claimed)
 
 
-def _template_heads(
-    settings: Settings, store: redis.Redis, engine: EngineSettings
-) -> list[WarmItem]:
-    heads: list[tuple[int, WarmItem]] = []
-    for repo in settings.template_repos:
-        if repo.model not in (None, engine.model):
-            continue
-        heat = hotness(store, repo.name)
-        for template_id, record in serving(store, repo.name).items():
-            head = record.get("static_prefix") or ""
-            if count_tokens(head) >= DEFAULT_BLOCK_SIZE:  # engines cache whole blocks only
-                key = f"template-head:{engine.name}:{record['tag']}"
-                item = WarmItem(
-                    kind="prefix", key=key, model=engine.model, text=head, template=record["tag"]
-                )
-                heads.append((heat.get(template_id, 0), item))
-    heads.sort(key=lambda pair: (pair[0], pair[1].key))  # priming order: hottest last
-    return [item for _, item in heads][-settings.budget.max_items :]
+@dataclass
+class EngineDetectors:
+    """Rolling state of one engine's cold-cache detectors (kept in the store between scrapes)."""
 
+    hit_rate: HitRateDropDetector = field(default_factory=HitRateDropDetector)
+    spike: SpikeDetector = field(default_factory=SpikeDetector)
+    previous: EngineSample | None = None
 
-def recent_records(data_dir: Path, rows: int = RECENT_RECORDS) -> pd.DataFrame | None:
-    """The last ``rows`` records of the newest ingest under ``<data_dir>/ingest``, if any."""
-    found = sorted((data_dir / "ingest").rglob("records.parquet"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        return None
-    columns = ["prompt", "prompt_tokens", "output_tokens", "model"]
-    return pd.read_parquet(found[-1], columns=columns).tail(rows)
+    def observe(self, sample: EngineSample) -> list[TriggerEvent]:
+        """Feed one scrape; returns the events it raised."""
+        events = [self.hit_rate.observe(sample)]
+        if self.previous is not None:
+            requests = counter_delta(self.previous.requests, sample.requests)
+            if requests is not None:
+                events.append(self.spike.observe(sample.engine, sample.ts, requests))
+        self.previous = sample
+        return [event for event in events if event is not None]
 
+    def to_json(self) -> str:
+        def sample(s: EngineSample | None) -> dict[str, Any] | None:
+            return None if s is None else asdict(s)
 
-def replica_items(settings: Settings, store: redis.Redis, engine: EngineSettings) -> list[WarmItem]:
-    """A fresh replica's warm-up, in priming order: one request per workload shape seen in the
-    newest ingest (so every shape has run once), its adapters, then the serving template heads
-    of its model, hottest last."""
-    records = recent_records(settings.data_dir)
-    shapes = shape_items(records, engine.model) if records is not None else []
-    adapters = [
-        WarmItem(
-            kind="adapter", key=f"adapter:{engine.name}:{name}", model=engine.model, adapter=name
+        return json.dumps({
+            "baseline": self.hit_rate.baseline, "hit_previous": sample(self.hit_rate.previous),
+            "spike_history": list(self.spike.history), "previous": sample(self.previous),
+        })  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: bytes | str | None) -> EngineDetectors:
+        detectors = cls()
+        if not raw:
+            return detectors
+        data = json.loads(raw)
+        detectors.hit_rate.baseline = data["baseline"]
+        detectors.hit_rate.previous = _sample(data["hit_previous"])
+        detectors.spike.history = deque(
+            data["spike_history"], maxlen=detectors.spike.history.maxlen
         )
-        for name in engine.adapters
-    ]
-    return shapes + adapters + _template_heads(settings, store, engine)
+        detectors.previous = _sample(data["previous"])
+        return detectors
+
+
+def _sample(data: dict[str, Any] | None) -> EngineSample | None:
+    if data is None:
+        return None
+    buckets = tuple((float(le), float(n)) for le, n in data.pop("ttft_buckets", ()))
+    return EngineSample(**data, ttft_buckets=buckets)
+
+
+def detect_cold_cache(
+    store: redis.Redis, sample: EngineSample, cooldown_s: float = TRIGGER_COOLDOWN_S
+) -> list[TriggerEvent]:
+    """Feed one scrape to the engine's detectors (state in the store); the events that fired
+    past their cooldown."""
+    key = redis_keys.TRIGGER_DETECTORS.format(engine=sample.engine)
+    detectors = EngineDetectors.from_json(store.get(key))
+    previous = detectors.previous
+    if previous is not None and previous.start_time != sample.start_time:
+        # A new engine process: its counters and its cache start from zero, and the replica
+        # watch warms it; a "drop" measured across the restart would only warm it twice.
+        detectors = EngineDetectors()
+    events = detectors.observe(sample)
+    store.set(key, detectors.to_json())
+    return [e for e in events if cooldown_allows(store, e, cooldown_s)]
 
 
 def warm_replica(
     settings: Settings, store: redis.Redis, engine: EngineSettings, reason: str
 ) -> dict[str, Any]:
-    """Submit a warm-up plan for ``engine``; returns the plan id and its size."""
-    items = replica_items(settings, store, engine)
-    if not items:
-        return {"engine": engine.name, "reason": reason, "items": 0}
-    budget = PlanBudget(max_items=len(items), batch_size=settings.budget.batch_size)
-    plan = WarmPlan(new_plan_id(), engine.name, tuple(items), budget, notes=(reason,))
-    return {
-        "engine": engine.name,
-        "reason": reason,
-        "items": len(items),
-        "plan_id": submit_plan(plan, engine.name, settings=settings),
-    }
+    """Warm ``engine`` through the loop now; ``reason`` is a trigger kind (``replica_ready``,
+    ``replica_restarted``, ``hit_rate_drop`` …). Returns the outcome (its plan id and size)."""
+    from tasks.loop import WarmLoop
+
+    plan_reason = "replica" if reason.startswith("replica") else "trigger"
+    outcome = WarmLoop(settings, store).warm_now(engine.name, plan_reason)
+    return {"engine": engine.name, "reason": reason, "items": outcome["planned"],
+            "plan_id": outcome["plan_id"], "status": outcome["status"]}  # fmt: skip
 
 
 def watch_replica(
@@ -184,23 +206,43 @@ def watch_replica(
     current, sample = observe(engine)
     record_engine_sample(store, engine.name, sample)
     previous = _last(store, engine.name)
-    store.set(_LAST.format(engine=engine.name), json.dumps(asdict(current)))
+    store.set(redis_keys.REPLICA_LAST.format(engine=engine.name), json.dumps(asdict(current)))
     event = replica_event(previous, current)
     if event is None or not cooldown_allows(store, event, REPLICA_COOLDOWN_S):
         return None, sample
     return {**event.to_dict(), **warm_replica(settings, store, engine, event.kind)}, sample
 
 
-@shared_task(name="prewarm.events.replica_watch", acks_late=True)
+def watch_engine(
+    settings: Settings,
+    store: redis.Redis,
+    engine: EngineSettings,
+    cooldown_s: float = TRIGGER_COOLDOWN_S,
+) -> list[dict[str, Any]]:
+    """One look at ``engine``: warm a replica that started, and act on cold-cache triggers."""
+    replica, sample = watch_replica(settings, store, engine)
+    fired = [replica] if replica else []
+    if sample is not None:
+        for event in detect_cold_cache(store, sample, cooldown_s) if not replica else ():
+            fired.append(
+                {**event.to_dict(), "task_id": queue_warm_engine(event.engine, event.kind)}
+            )
+    return fired
+
+
+@shared_task(
+    name="prewarm.events.replica_watch", base=PrewarmTask, periodic=True, ignore_result=True
+)
 def replica_watch() -> dict[str, Any]:
-    """Poll every configured engine once (beat runs this every ``schedule.replica_watch_s``)."""
+    """Poll every configured engine once (beat runs this every ``schedule.replica_watch_s``):
+    replicas that started are warmed, cold-cache triggers queue a warm-up."""
     settings = current_settings()
     store = store_client(settings)
-    fired = [watch_replica(settings, store, engine)[0] for engine in settings.engines]
-    return {"engines": len(settings.engines), "warmed": [f for f in fired if f]}
+    fired = [f for engine in settings.engines for f in watch_engine(settings, store, engine)]
+    return {"engines": len(settings.engines), "warmed": fired}
 
 
-@shared_task(name="prewarm.events.warm_engine", acks_late=True)
+@shared_task(name="prewarm.events.warm_engine", base=PrewarmTask)
 def warm_engine(engine: str, reason: str) -> dict[str, Any]:
     """Warm ``engine`` now (a cold-cache trigger fired for it)."""
     settings = current_settings()

@@ -19,6 +19,7 @@ from celery import shared_task
 
 from pipeline.errors import BadInputError, TransientError
 from pipeline.template_diff import rewarm_set, template_hotness
+from tasks import redis_keys
 from tasks.celery_app import app
 from tasks.rewarm import hotness, rewarm_repo, store_hotness
 from tasks.settings import Settings, current_settings
@@ -26,8 +27,8 @@ from tasks.template_repos import TemplateRepo, check_sha, is_null_sha, last_sha,
 
 DELIVERY_TTL_S = 7 * 24 * 3600
 PUSH_LOCK_S = 600
-_DELIVERY = "prewarm:webhooks:delivery:{forge}:{delivery}"
-_LOCK = "prewarm:templates:{repo}:lock"
+_DELIVERY = redis_keys.WEBHOOK_DELIVERY
+_LOCK = redis_keys.TEMPLATE_LOCK
 
 
 @lru_cache(maxsize=4)

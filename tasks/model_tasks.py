@@ -1,18 +1,23 @@
 """Model tasks: retrain the hotness forecaster, and predict the next window with the current one.
 
 ``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None,
-budget=None)`` selects the hotness model on a counts table (the ``counts.parquet`` an ingest
-writes, by default the newest one under ``<data_dir>/ingest``; a ``windows.parquet`` works too):
-:class:`models.selection.SelectedForecaster` backtests the baselines, blends and LightGBM's
+budget=None, engine=None)`` selects the hotness model on a counts table by backtest:
+:class:`models.selection.SelectedForecaster` scores the baselines, blends and LightGBM's
 objectives on the latest windows at the plan's item budget (``budget``, default the settings'
-``budget.max_items``), and the winner is saved as a new version under
-``<data_dir>/models/<name>`` with its backtest table in the metadata. Retraining on the same
-counts file with the same code returns the current version instead of adding one, so a
-redelivered message is harmless.
+``budget.max_items``), and the winner is saved as a new version with its backtest table in the
+metadata. The input is named, never guessed: ``engine`` reads that engine's observations
+(``<data_dir>/observations/<engine>/counts.parquet``, written by the warm-up loop) and saves
+under ``<data_dir>/models/<engine>/<name>``, where the loop's planner loads it; ``counts_path``
+names any counts table (an ingest's ``counts.parquet`` or ``windows.parquet``), saved under
+``<data_dir>/models/<name>``. Retraining on the same counts with the same code returns the
+current version instead of adding one, so a redelivered message is harmless.
+``prewarm.model.retrain_engines()`` (beat, every ``schedule.retrain_s``) retrains every
+configured engine that has observations.
 
-``prewarm.model.predict(counts_path=None, name="hotness", data_dir=None, kind=None, top=20)``
-loads the current version, ranks every item for the window after the table's last one, writes
-``<data_dir>/predictions/<name>/<window start>.parquet`` and returns the top items.
+``prewarm.model.predict(counts_path=None, name="hotness", data_dir=None, kind=None, top=20,
+engine=None)`` loads the current version, ranks every item for the window after the table's
+last one, writes ``<data_dir>/predictions/<name>/<window start>.parquet`` and returns the top
+items (the loop itself predicts inside its tick; this task is for a person asking).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from models.persistence import code_version, load_model, read_saved, save_model
 from models.selection import SelectedForecaster, selection_metadata
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
+from tasks.base import PrewarmTask
+from tasks.observations import Observations, models_root
 from tasks.settings import current_settings
 
 
@@ -37,13 +44,16 @@ def _data_dir(data_dir: str | None) -> Path:
     return Path(data_dir) if data_dir else current_settings().data_dir
 
 
-def newest_counts(data_dir: Path) -> Path:
-    """The newest ``counts.parquet`` (else ``windows.parquet``) of an ingest under ``data_dir``."""
-    for name in ("counts.parquet", "windows.parquet"):
-        found = sorted((data_dir / "ingest").rglob(name), key=lambda p: p.stat().st_mtime)
-        if found:
-            return found[-1]
-    raise BadInputError("no counts.parquet yet (ingest something first)", where=str(data_dir))
+def input_counts(data_dir: Path, counts_path: str | None, engine: str | None) -> Path:
+    """The counts table a model task reads: the one named, or the engine's observations."""
+    if counts_path:
+        return Path(counts_path)
+    if not engine:
+        raise BadInputError("name the input: counts_path or engine", where="prewarm.model")
+    path = Observations(data_dir, engine).counts_path
+    if not path.exists():
+        raise BadInputError(f"engine {engine!r} has no observations yet", where=str(path))
+    return path
 
 
 def _counts(path: Path) -> pd.DataFrame:
@@ -72,18 +82,44 @@ def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict
     return None
 
 
-@shared_task(name="prewarm.model.retrain", acks_late=True)
+@shared_task(name="prewarm.model.retrain", base=PrewarmTask)
 def retrain(
     counts_path: str | None = None,
     name: str = SAVED_NAME,
     data_dir: str | None = None,
     kind: str | None = None,
     budget: int | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Select the hotness model on a counts table by backtest; save the winner as current."""
     base = _data_dir(data_dir)
-    path = Path(counts_path) if counts_path else newest_counts(base)
-    root, source = base / "models", _digest(path)
+    return train_and_save(input_counts(base, counts_path, engine), models_root(base, engine),
+                          name, kind, budget)  # fmt: skip
+
+
+@shared_task(name="prewarm.model.retrain_engines", base=PrewarmTask, periodic=True)
+def retrain_engines() -> dict[str, Any]:
+    """Retrain the forecaster of every configured engine that has observations."""
+    settings = current_settings()
+    done: dict[str, Any] = {}
+    for engine in settings.engines:
+        observations = Observations(settings.data_dir, engine.name)
+        if observations.version().windows >= settings.loop.min_windows_for_model:
+            root = models_root(settings.data_dir, engine.name)
+            done[engine.name] = train_and_save(observations.counts_path, root)
+    return {"engines": done}
+
+
+def train_and_save(
+    path: Path,
+    root: Path,
+    name: str = SAVED_NAME,
+    kind: str | None = None,
+    budget: int | None = None,
+) -> dict[str, Any]:
+    """Select the forecaster on the counts at ``path`` by backtest; save the winner under
+    ``root``."""
+    source = _digest(path)
     reused = _same_training(root, name, source, kind)
     if reused is not None:
         return reused
@@ -99,18 +135,19 @@ def retrain(
             "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
 
 
-@shared_task(name="prewarm.model.predict", acks_late=True)
+@shared_task(name="prewarm.model.predict", base=PrewarmTask)
 def predict(
     counts_path: str | None = None,
     name: str = SAVED_NAME,
     data_dir: str | None = None,
     kind: str | None = None,
     top: int = 20,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Rank every item for the next window with the current model; write and summarise it."""
     base = _data_dir(data_dir)
-    path = Path(counts_path) if counts_path else newest_counts(base)
-    model = load_model(base / "models", name)
+    path = input_counts(base, counts_path, engine)
+    model = load_model(models_root(base, engine), name)
     ranking = model.predict_next(_counts(path), kind=kind)
     window = ranking["window_start"].iloc[0] if len(ranking) else None
     stamp = window.strftime("%Y%m%dT%H%M%SZ") if window is not None else "empty"

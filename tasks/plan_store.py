@@ -14,6 +14,8 @@ Messages carry a plan id and a batch number only; everything else is read from h
 ``meta`` also holds ``active``: the last sign of life of any batch (submitted, claimed, a
 claim renewal, a result), which the recovery sweep reads to find plans whose message was lost
 with a worker; ``resumed``/``resumed_at``: how often and when the sweep re-queued the plan.
+
+(key names from :mod:`tasks.redis_keys`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import redis
 from pipeline.errors import BadInputError
 from pipeline.plan import WarmItem, WarmPlan
 from pipeline.wal import PlanProgress
+from tasks import redis_keys
 from tasks.targets.base import WarmOptions
 from tasks.wal_store import as_text
 
@@ -42,7 +45,7 @@ OPEN_PLANS = "pw:plans:open"
 
 
 def _k(plan_id: str, suffix: str = "") -> str:
-    return f"pw:plan:{plan_id}" + (f":{suffix}" if suffix else "")
+    return redis_keys.plan_key(plan_id, suffix)
 
 
 class PlanStore:
@@ -244,6 +247,23 @@ class PlanStore:
         if "finished" in meta:
             report["seconds"] = round(float(meta["finished"]) - float(meta["submitted"]), 3)
         return report
+
+    def delete(self, plan_id: str) -> int:
+        """Forget a plan: its keys and its batches' finished transactions; returns keys removed.
+
+        The loop keeps only an engine's recent plans, so the store does not grow with ticks.
+        """
+        batches = int(self.r.hget(_k(plan_id, "meta"), "batches") or 0)
+        txns = [as_text(t) for t in self.r.hvals(_k(plan_id, "txn"))]
+        keys = [_k(plan_id, s) for s in ("", "opts", "meta", "done", "txn", "runs")]
+        keys += [_k(plan_id, f"b:{n}") for n in range(batches)]
+        keys += [_k(plan_id, f"claim:{n}") for n in range(batches)]
+        for txn in txns:
+            if as_text(self.r.hget(redis_keys.WAL_TXN.format(txn_id=txn), "state") or b"") in (
+                "committed", "rolled_back"
+            ):  # fmt: skip
+                keys += [redis_keys.WAL_TXN.format(txn_id=txn), f"{redis_keys.WAL_PREFIX}fx:{txn}"]
+        return int(self.r.unlink(*keys))
 
     def results(self, plan_id: str) -> list[dict[str, Any]]:
         """Every finished batch's result, by batch number."""

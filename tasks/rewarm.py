@@ -3,8 +3,10 @@
 Per repository, a Redis hash maps each template id to the version that is *serving*. A re-warm
 
 1. records its intent (the versions to warm and to retire) before any side effect,
-2. primes the new versions' static prefixes into the configured engines, each engine's items as
-   one transaction in the warm-up WAL (``tasks.warm_batch``),
+2. primes the new versions' static prefixes into the configured engines — planned by the one
+   planner (reason ``template``) for completions users (the head as a prompt) and chat users
+   (the head as the system message, rendered by the engine's own chat template) alike, hottest
+   last — each engine's items as one transaction in the warm-up WAL (``tasks.warm_batch``),
 3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
 4. only then deletes cache entries keyed with the retired versions.
 
@@ -16,17 +18,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
 import redis
 
 from pipeline.errors import EngineUnavailableError, PrewarmError
 from pipeline.keys import ROOT, safe_part
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
-from pipeline.template_diff import RewarmSet, rewarm_items, version_tag
+from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
+from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
+from tasks import redis_keys
 from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 from tasks.targets.base import WarmOptions
@@ -36,10 +42,14 @@ from tasks.warm_batch import BatchRunner
 
 Primer = Callable[[Sequence[WarmItem]], None]
 
-_SERVING = "prewarm:templates:{repo}:serving"
-_TXN = "prewarm:templates:{repo}:txn:{sha}"
-_HOTNESS = "prewarm:templates:{repo}:hotness"
+_SERVING = redis_keys.TEMPLATE_SERVING
+_TXN = redis_keys.TEMPLATE_TXN
+_HOTNESS = redis_keys.TEMPLATE_HOTNESS
 _TXN_TTL_S = 7 * 24 * 3600
+#: Synthetic requests per template head at most: enough to order by hotness.
+MAX_HEAD_REQUESTS = 50
+#: How far into a prompt a template's head may start (a chat template's role header first).
+HEAD_OFFSET_CHARS = 64
 
 
 def _serving_value(template: Template) -> str:
@@ -174,13 +184,86 @@ def run_in_wal(
     return summary
 
 
+def head_records(
+    templates: Iterable[Template], model: str, heat: Mapping[str, int], now: float
+) -> pd.DataFrame:
+    """Requests that a template's users send, as records for the planner: per template head
+    (long enough to fill a cache block) a completions request with the head as its prompt and
+    a chat request with the head as its system message; as many of each as the template's
+    hotness (at least 2, at most :data:`MAX_HEAD_REQUESTS`), so the hottest is primed last."""
+    from pipeline.records import records_frame
+
+    rows: list[dict[str, Any]] = []
+    ts = pd.Timestamp(now, unit="s", tz="UTC")
+    for template in templates:
+        head = template.static_prefix
+        if count_tokens(head) < DEFAULT_BLOCK_SIZE:  # engines cache whole blocks only
+            continue
+        n = 2 + min(int(heat.get(template.template_id, 0)), MAX_HEAD_REQUESTS - 2)
+        common = {"ts": ts, "model": model, "template": version_tag(template), "output_tokens": 1}
+        for _ in range(n):
+            rows.append({**common, "endpoint": "/v1/completions", "prompt": head})
+            rows.append({**common, "endpoint": "/v1/chat/completions", "prompt": head})
+    frame = records_frame(rows)
+    if rows:
+        chat = frame["endpoint"] == "/v1/chat/completions"
+        frame["messages"] = [
+            json.dumps([{"role": "system", "content": p}]) if c else None
+            for p, c in zip(frame["prompt"], chat, strict=True)
+        ]
+    return frame
+
+
+def template_plan(
+    settings: Settings, engine: EngineSettings, rewarm: RewarmSet, heat: Mapping[str, int]
+) -> WarmPlan:
+    """The one planner's plan (reason ``template``) for the new versions on ``engine``."""
+    from tasks.planner_entry import plan_for
+    from tasks.warm_plan import plan_request
+
+    records = head_records(rewarm.warm, engine.model, heat, time.time())
+    if records.empty:
+        return WarmPlan(new_plan_id(), engine.name, (), PlanBudget(), notes=("reason: template",))
+    request = plan_request(settings, engine.name)
+    return plan_for(records, request, reason="template", engine=engine, forecast="frequency")
+
+
+def update_template_hotness(
+    settings: Settings, store: redis.Redis, engine: EngineSettings, prompts: Iterable[object]
+) -> dict[str, int]:
+    """Requests per serving template of the repositories ``engine`` serves, from its prompts
+    (longest head found at the start, or just after a chat template's role header); stored as
+    the repositories' hotness, so a re-warm primes the hottest last. Returns matches per repo."""
+    heads: dict[str, tuple[str, str]] = {}
+    for repo in settings.template_repos:
+        if repo.model in (None, engine.model):
+            for template_id, record in serving(store, repo.name).items():
+                if record.get("static_prefix"):
+                    heads[record["static_prefix"]] = (repo.name, template_id)
+    if not heads:
+        return {}
+    ordered = sorted(heads, key=len, reverse=True)
+    counts: dict[str, Counter[str]] = {}
+    for prompt in prompts:
+        if not isinstance(prompt, str):
+            continue
+        for head in ordered:
+            if prompt.find(head, 0, HEAD_OFFSET_CHARS + len(head)) >= 0:
+                name, template_id = heads[head]
+                counts.setdefault(name, Counter())[template_id] += 1
+                break
+    for name, repo_counts in counts.items():
+        store_hotness(store, name, dict(repo_counts))
+    return {name: sum(c.values()) for name, c in counts.items()}
+
+
 def rewarm_repo(
     settings: Settings, store: redis.Redis, repo: TemplateRepoSettings, sha: str, rewarm: RewarmSet
 ) -> dict[str, Any]:
     """Re-warm one repository's changed templates on every engine that serves its model."""
     engines = engines_for(settings, repo)
     heat = hotness(store, repo.name)
-    per_engine = {e.name: rewarm_items(rewarm, e.model, heat) for e in engines}
+    per_engine = {e.name: list(template_plan(settings, e, rewarm, heat).items) for e in engines}
 
     def prime(_: Sequence[WarmItem]) -> None:
         for engine in engines:

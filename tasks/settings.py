@@ -100,6 +100,44 @@ class ScheduleSettings(_Section):
     replica_watch_s: int = Field(10, ge=1)
 
 
+#: Kinds of ``[[sources]]`` entry, each read by the reader registered for it (``tasks.sources``).
+SOURCE_KINDS = ("vllm-log", "tgi-log", "jsonl", "trace")
+
+
+class SourceSettings(_Section):
+    """Where one engine's served requests can be read (``[[sources]]``).
+
+    ``path`` is a file, a folder (every file under it) or a glob; rotated and ``.gz`` files are
+    read as ingest reads them. ``year``/``tz`` are vLLM's missing timestamp parts.
+    """
+
+    engine: str
+    kind: str
+    path: str
+    tz: str = "UTC"
+    year: int | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in SOURCE_KINDS:
+            raise ValueError(f"unknown source kind {value!r}; known: {', '.join(SOURCE_KINDS)}")
+        return value
+
+
+class LoopSettings(_Section):
+    """The warm-up loop (``[loop]``): how much of the observations it keeps and plans from."""
+
+    #: windows of item counts kept per engine (the forecaster's history)
+    keep_windows: int = Field(2016, ge=8)
+    #: recent request records kept per engine (the planner's candidates)
+    keep_records: int = Field(20_000, ge=100)
+    #: windows of counts before a forecaster is fitted and saved for an engine
+    min_windows_for_model: int = Field(8, ge=2)
+    #: plans kept in the store per engine (older ones are deleted with their keys)
+    keep_plans: int = Field(8, ge=1)
+
+
 class TenantSettings(_Section):
     """A tenant's SLA weight and share of the warm-up budget."""
 
@@ -129,6 +167,8 @@ class Settings(_Section):
     budget: BudgetSettings = BudgetSettings()
     schedule: ScheduleSettings = ScheduleSettings()
     tenants: tuple[TenantSettings, ...] = ()
+    sources: tuple[SourceSettings, ...] = ()
+    loop: LoopSettings = LoopSettings()
 
     @field_validator("result_url")
     @classmethod
@@ -156,6 +196,14 @@ class Settings(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sources_name_engines(self) -> Settings:
+        known = {engine.name for engine in self.engines}
+        for n, source in enumerate(self.sources):
+            if source.engine not in known:
+                raise ValueError(f"sources[{n}]: engine {source.engine!r} is not configured")
+        return self
+
     @property
     def store_redis_url(self) -> str:
         """Redis URL of prewarm's own state."""
@@ -168,6 +216,10 @@ class Settings(_Section):
                 return engine
         known = ", ".join(e.name for e in self.engines) or "none configured"
         raise SettingsError(f"unknown engine {name!r} (known: {known})", where="engines")
+
+    def sources_of(self, engine: str) -> tuple[SourceSettings, ...]:
+        """The ``[[sources]]`` entries that feed ``engine``."""
+        return tuple(source for source in self.sources if source.engine == engine)
 
 
 # Scalar settings that may come from the environment, and how each is named there.
@@ -226,6 +278,32 @@ def load_settings(
 
 
 @lru_cache(maxsize=1)
-def current_settings() -> Settings:
-    """Settings of this process, read once on first use (never at import time)."""
+def _settings_at(path: str | None, stamp: tuple[float, int] | None) -> Settings:
     return load_settings()
+
+
+def _file_stamp(path: str | None) -> tuple[float, int] | None:
+    if not path:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:  # gone: load_settings names the missing file
+        return None
+    return (info.st_mtime, info.st_size)
+
+
+class _CurrentSettings:
+    """Settings of this process: read on first use (never at import time), and read again when
+    the TOML file changed since (its modification time or size), so a long-running service
+    sees a new engine, source or repository at its next tick without a restart."""
+
+    def __call__(self) -> Settings:
+        path = os.environ.get(ENV_PREFIX + "CONFIG")
+        return _settings_at(path, _file_stamp(path))
+
+    def cache_clear(self) -> None:
+        """Forget the settings read (tests that change the environment call this)."""
+        _settings_at.cache_clear()
+
+
+current_settings = _CurrentSettings()

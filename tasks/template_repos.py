@@ -33,11 +33,12 @@ from pipeline.templates import (
     check_symlink,
     repo_relative_path,
 )
+from tasks import redis_keys
 from tasks.settings import Settings, TemplateRepoSettings
 
 _SHA = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
 _SYMLINK_MODE = 0o120000
-_STATE_KEY = "prewarm:templates:{repo}:{field}"
+_STATE_KEY = redis_keys.TEMPLATE_STATE
 
 
 def is_null_sha(sha: str | None) -> bool:

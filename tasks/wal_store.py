@@ -35,9 +35,10 @@ from pipeline.wal import (
     rollback_order,
     sources,
 )
+from tasks import redis_keys
 from tasks.telemetry import record_wal
 
-PREFIX = "pw:wal:"
+PREFIX = redis_keys.WAL_PREFIX
 ACTIVE = PREFIX + "active"
 # Fenced writes as Lua: atomic like MULTI/EXEC, one round trip instead of four or five.
 _MOVE = """

@@ -67,9 +67,13 @@ def _store(url: str) -> redis.Redis:
 
 
 @lru_cache(maxsize=1)
-def _runner() -> BatchRunner:
-    settings = current_settings()
+def _runner_for(settings: Settings) -> BatchRunner:
     return BatchRunner(_store(settings.store_redis_url), settings)
+
+
+def _runner() -> BatchRunner:
+    # Built once per process and settings: a changed settings file (a new engine) gets a new one.
+    return _runner_for(current_settings())
 
 
 def _plans(settings: Settings | None) -> PlanStore:

@@ -73,7 +73,7 @@ class Stack:
         states: tuple[str, ...] = ("committed", "rolled_back"),
     ) -> dict:
         """The re-warm record of ``sha`` once it reaches one of ``states``."""
-        key = f"prewarm:templates:{REPO}:txn:{sha}"
+        key = f"pw:templates:{REPO}:txn:{sha}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             raw = self.store.get(key)
@@ -104,7 +104,7 @@ def _worker(config: Path, queue: str, log: Path) -> Iterator[subprocess.Popen]:
         env = worker_env({"PREWARM_CONFIG": str(config)})
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 180  # a loaded 2-core machine starts slowly
             while " ready." not in log.read_text(errors="replace"):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"worker not ready:\n{log.read_text(errors='replace')}")

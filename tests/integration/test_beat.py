@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jobs.beat import PERIODIC, beat_schedule
+from jobs.beat import DISPATCH_S, PERIODIC, beat_schedule
 from tasks.settings import ScheduleSettings, Settings
 from tests.conftest import REPO_ROOT, worker_env
 
@@ -40,12 +40,17 @@ def test_entries_without_an_installed_task_are_left_out():
     assert {task for _, task, _ in PERIODIC} >= only
 
 
-def test_model_entries_follow_window_and_retrain_periods():
-    known = {"prewarm.model.predict", "prewarm.model.retrain"}
+def test_the_loop_dispatches_often_and_retraining_follows_its_period():
+    known = {"prewarm.loop.dispatch", "prewarm.model.retrain_engines"}
     settings = Settings(schedule=ScheduleSettings(window_s=300, retrain_s=3600))
     schedule = beat_schedule(settings, known=known)
-    assert schedule["forecast"]["task"] == "prewarm.model.predict"
-    assert schedule["forecast"]["schedule"] == 300.0 and schedule["retrain"]["schedule"] == 3600.0
+    assert schedule["warm-loop"]["task"] == "prewarm.loop.dispatch"
+    assert schedule["warm-loop"]["schedule"] == DISPATCH_S  # ticks are due once per window
+    assert schedule["retrain"]["task"] == "prewarm.model.retrain_engines"
+    assert schedule["retrain"]["schedule"] == 3600.0
+    short = beat_schedule(Settings(schedule=ScheduleSettings(window_s=2)), known=known)
+    assert short["warm-loop"]["schedule"] == 2.0
+    assert "forecast" not in schedule  # predictions are made and used inside the tick
 
 
 def test_real_beat_sends_a_due_task(tmp_path, broker_url, store_url):

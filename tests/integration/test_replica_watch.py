@@ -1,4 +1,5 @@
-"""Replica start-up and restart on the simulator: observed, and warmed at once."""
+"""Replica start-up and restart on the simulator: observed, and warmed at once through the loop
+(what its sources showed, plus shapes and adapters); cold-cache detectors with state in Redis."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.watchers import Watcher
-from pipeline.records import records_frame
 from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from pipeline.triggers import TriggerEvent
 from tasks.engine_watch import observe, parse_metrics
 from tasks.plan_store import PlanStore
 from tasks.rewarm import apply_rewarm
-from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
+from tasks.settings import EngineSettings, Settings, SourceSettings, TemplateRepoSettings
 from tasks.warm_batch import BatchRunner
 
 pytestmark = pytest.mark.integration
@@ -25,26 +25,19 @@ HEAD = "You are the claims assistant of Acme Insurance. Ask for the policy numbe
 
 
 def _settings(url: str, broker_url: str, store_url: str, data_dir: Path) -> Settings:
-    engine = EngineSettings(name="sim", url=url, model="sim-llm", kind="simulator")
+    engine = EngineSettings(
+        name="sim", url=url, model="sim-llm", kind="simulator", adapters=("sql-lora",)
+    )
     repo = TemplateRepoSettings(name="acme/prompts", url="/unused")
+    source = SourceSettings(engine="sim", kind="vllm-log", path=str(data_dir / "engine.log"))
     return Settings(
         redis_url=broker_url,
         store_url=store_url,
         data_dir=data_dir,
         engines=(engine,),
         template_repos=(repo,),
+        sources=(source,),
     )
-
-
-def _ingested(data_dir: Path) -> None:
-    rows = [
-        {"prompt": "Short question about my bill?", "prompt_tokens": 6, "output_tokens": 20},
-        {"prompt": "A long report to summarise. " * 60, "prompt_tokens": 360, "output_tokens": 200},
-        {"prompt": "Another short one?", "prompt_tokens": 4, "output_tokens": 18},
-    ]
-    out = data_dir / "ingest" / "run-1"
-    out.mkdir(parents=True)
-    records_frame(rows).to_parquet(out / "records.parquet")
 
 
 def _serve_template(store) -> None:
@@ -82,19 +75,26 @@ def test_unreachable_replica_is_not_ready():
 def test_ready_and_restarted_replicas_are_warmed_at_once(
     celery_app_configured, broker_url, store_url, store, tmp_path
 ):
-    with SimulatorServer(SimulatorConfig()) as sim:
+    with SimulatorServer(SimulatorConfig(log_file=tmp_path / "engine.log")) as sim:
         settings = _settings(sim.url, broker_url, store_url, tmp_path)
-        _ingested(tmp_path)
         _serve_template(store)
         events: list[TriggerEvent] = []
         watcher = Watcher(settings, store, on_event=events.append)
+        _traffic(sim.url, HEAD, 3, "first")  # what the replica served before anyone looked
+        httpx.post(f"{sim.url}/v1/completions", json={
+            "model": "sim-llm", "prompt": "A long report to summarise. " * 60, "max_tokens": 40,
+        })  # fmt: skip
 
         fired = watcher.poll()
         assert [f["kind"] for f in fired] == ["replica_ready"]
         plan, _, engine = PlanStore(store).load(fired[0]["plan_id"])
-        assert engine == "sim" and [i.kind for i in plan.items] == ["shape", "shape", "prefix"]
-        assert plan.items[-1].text == HEAD  # the template head is primed last, LRU keeps it
-        assert BatchRunner(store, settings).run(plan.plan_id, 0)["state"] == "committed"
+        kinds = [i.kind for i in plan.items]
+        assert engine == "sim" and "reason: replica" in plan.notes
+        assert kinds[0] == "adapter" and plan.items[0].adapter == "sql-lora"  # configured
+        assert kinds.count("shape") == 2  # two workload shapes seen in its log
+        assert any(i.kind == "prefix" and HEAD.startswith(i.text or "-") for i in plan.items)
+        result = BatchRunner(store, settings).run(plan.plan_id, 0)
+        assert result["ok"] >= len(plan.items) - 1, result  # the simulator loads any adapter
         assert _cached(sim.url, HEAD + "Where is my claim?") >= 16
 
         assert watcher.poll() == []  # still the same process: nothing to do
@@ -163,4 +163,5 @@ def test_prewarm_watch_once_on_the_command_line(tmp_path, broker_url, store_url)
             timeout=120,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "replica_ready" in done.stdout and "plan_id" in done.stdout
+    # nothing served yet, but a replica that starts gets its configured adapter at once
+    assert "replica_ready" in done.stdout and "'items': 1" in done.stdout, done.stdout

@@ -27,6 +27,14 @@ def _cached_tokens(url: str, prompt: str) -> int:
     return int(usage["prompt_tokens_details"]["cached_tokens"])
 
 
+def _chat_cached_tokens(url: str, system: str, question: str) -> tuple[int, int]:
+    """(cached, prompt) tokens of a chat user whose system message is the rendered template."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    body = {"model": "sim-llm", "messages": messages, "max_tokens": 1}
+    usage = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).json()["usage"]
+    return int(usage["prompt_tokens_details"]["cached_tokens"]), int(usage["prompt_tokens"])
+
+
 def test_push_webhook_rewarms_and_serves_the_new_version(
     tmp_path, celery_app_configured, store_url
 ):
@@ -44,7 +52,8 @@ def test_push_webhook_rewarms_and_serves_the_new_version(
         assert response.status_code == 202 and response.json()["task_id"]
         record = stack.wait_txn(second)
         assert record["state"] == "committed", record
-        assert record["warm"] == ["prompts/billing.jinja"] and record["items"] == 1
+        # one item for completions users, one for chat users (the head as system message)
+        assert record["warm"] == ["prompts/billing.jinja"] and record["items"] == 2
 
         now = serving(stack.store, REPO)
         assert now["prompts/billing.jinja"]["version"] != old["version"]
@@ -55,7 +64,13 @@ def test_push_webhook_rewarms_and_serves_the_new_version(
         assert "one sentence" in new_head
         # The engine already holds the new version's head: a real request hits the cache.
         prompt = new_head + "Customer: Bob\nQuestion: why was I charged twice?\n"
-        assert _cached_tokens(stack.engine_url, prompt) >= 16
+        completion_cached = _cached_tokens(stack.engine_url, prompt)
+        assert completion_cached >= 16
+        # ... and so does a chat user of the same template, through the chat template: every
+        # whole block of the head (the chat header shifts it by a few tokens: one block at most)
+        rendered = new_head + "Customer: Ann\nQuestion: where is my invoice?\n"
+        cached, prompt_tokens = _chat_cached_tokens(stack.engine_url, rendered, "Thanks!")
+        assert cached >= max(16, completion_cached - 16), (cached, prompt_tokens)
 
         # The same delivery content again (a new delivery id) finds nothing left to do.
         again = stack.push_webhook(first, second)

@@ -322,7 +322,7 @@ def test_pushes_processed_out_of_order_never_step_back(source, tmp_path, store):
     assert late["status"] == "up-to-date"
     assert serving(store, "acme/prompts")["prompts/support.jinja"]["version"] == version
     assert last_sha(store, "acme/prompts") == third
-    lock = store.lock("prewarm:templates:acme/prompts:lock", timeout=30)
+    lock = store.lock("pw:templates:acme/prompts:lock", timeout=30)
     with lock, pytest.raises(TransientError, match="another push"):
         process_push(settings, store, "acme/prompts", None, third)
 

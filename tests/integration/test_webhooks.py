@@ -167,7 +167,7 @@ class Receiver:
 
     def state(self) -> tuple[int, list[bytes]]:
         """Everything a delivery could change: queued tasks and de-duplication keys."""
-        return self.queued(), sorted(self.store.keys("prewarm:webhooks:*"))
+        return self.queued(), sorted(self.store.keys("pw:webhooks:*"))
 
 
 def _settings() -> Settings:

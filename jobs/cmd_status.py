@@ -1,0 +1,99 @@
+"""``prewarm status [--json]``: what the warm-up loop is doing, per engine.
+
+Sources and how far each was read, the last tick and its outcome, the model in use, the last
+plan and its results (warmed, verified, failed), the next tick. Exit status 1 when the loop is
+unhealthy (a periodic task or an engine's last tick failed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from tasks.settings import current_settings
+
+
+def _outcome_line(label: str, outcome: dict[str, Any] | None) -> str:
+    if outcome is None:
+        return f"  {label}: none yet"
+    text = f"  {label}: {outcome['reason']} {outcome.get('window') or ''} — {outcome['status']}"
+    if outcome.get("plan_id"):
+        text += (
+            f"; plan {outcome['plan_id']}: {outcome['planned']} items, {outcome['tokens']} tokens, "
+            f"warmed {outcome.get('warmed', '?')}, verified {outcome.get('verified', '?')}, "
+            f"failed {outcome.get('failed', '?')}"
+        )
+    if outcome.get("forecast"):
+        text += f" ({outcome['forecast']})"
+    return text
+
+
+def _print(status: dict[str, Any], console: Console) -> None:
+    health = "healthy" if status["healthy"] else "UNHEALTHY"
+    console.print(f"loop: {health}, window {status['window_s']}s")
+    for task, error in status["failing_tasks"].items():
+        console.print(f"  failing: {task}: {error}")
+    for engine in status["engines"]:
+        console.print(f"engine {engine['engine']} ({engine['url']})")
+        for source in engine["sources"]:
+            read = sum(source.get("offsets", {}).values())
+            state = f"{read} bytes read" if "offsets" in source else "not read yet"
+            state = f"error: {source['error']}" if source.get("error") else state
+            console.print(f"  source {source['kind']} {source['path']}: {state}")
+        obs = engine["observations"]
+        console.print(f"  observations v{obs['version']}: {obs['windows']} windows, "
+                      f"{obs['records']} records")  # fmt: skip
+        console.print(f"  model: {engine['model'] or 'none saved (fitted or frequency)'}")
+        console.print(_outcome_line("last tick", engine["last_tick"]))
+        console.print(_outcome_line("last plan", engine["last_plan"]))
+        nxt = engine["next_tick_in_s"]
+        console.print(f"  next tick: {'not scheduled' if nxt is None else f'in {nxt:.0f}s'}")
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the warm-up loop per engine: sources, last tick, model, last plan, next tick."""
+    from tasks.connections import check_settings_redis
+    from tasks.events import store_client
+    from tasks.loop_status import loop_status
+
+    settings = current_settings()
+    check_settings_redis(settings)
+    report = loop_status(settings, store_client(settings))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        _print(report, Console(soft_wrap=True, highlight=False))
+    if not report["healthy"]:
+        raise typer.Exit(1)
+
+
+def webhook_routes() -> list[Any]:
+    """Routes the api mounts (its provider hook): ``GET /status``, the same JSON as
+    ``prewarm status --json`` (503 when the loop is unhealthy)."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    def report() -> dict[str, Any]:
+        from tasks.events import store_client
+        from tasks.loop_status import loop_status
+
+        settings = current_settings()
+        return json.loads(json.dumps(loop_status(settings, store_client(settings)), default=str))
+
+    async def status_route(request: Request) -> JSONResponse:
+        body = await run_in_threadpool(report)
+        return JSONResponse(body, status_code=200 if body["healthy"] else 503)
+
+    return [Route("/status", status_route, methods=["GET"])]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``prewarm status``."""
+    app.command("status")(status)

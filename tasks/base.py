@@ -1,0 +1,96 @@
+"""One base class for prewarm's tasks: the retry, time-limit and health policy in one place.
+
+A task declares only what differs (``@shared_task(name=..., base=PrewarmTask, periodic=True)``)
+and stays a few lines that call one service. The policy, as Dramatiq's actor options:
+
+* ``acks_late`` and rejection on a lost worker: a message is acknowledged only once done;
+* transient errors (:class:`~pipeline.errors.TransientError`, a Redis connection or timeout
+  error) are retried with exponential backoff and jitter, at most ``max_retries`` times; bad
+  input is never retried;
+* a soft time limit below the hard one, both below the broker's visibility timeout;
+* ``periodic = True`` (the tasks beat sends): each run's success or failure is recorded in the
+  store (:data:`tasks.redis_keys.TASK_HEALTH`), so a service whose periodic work fails is
+  reported unhealthy (``prewarm health beat``, ``prewarm status``) instead of staying green.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+from celery import Task
+
+from pipeline.errors import TransientError
+from tasks import redis_keys
+
+log = logging.getLogger(__name__)
+
+
+class PrewarmTask(Task):
+    """prewarm's task policy; see the module docstring."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    autoretry_for = (TransientError, redis.ConnectionError, redis.TimeoutError)
+    retry_backoff = True
+    retry_backoff_max = 120
+    retry_jitter = True
+    max_retries = 5
+    soft_time_limit = 900
+    time_limit = 960
+    #: record each run's outcome for health (the tasks beat sends)
+    periodic = False
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        if self.periodic:
+            record_task_health(self.name, ok=True)
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        if self.periodic:
+            record_task_health(self.name, ok=False, error=f"{type(exc).__name__}: {exc}")
+
+
+def record_task_health(
+    name: str,
+    *,
+    ok: bool,
+    error: str = "",
+    now: float | None = None,
+    store: redis.Redis | None = None,
+) -> None:
+    """Note that the periodic task ``name`` succeeded or failed now."""
+    from tasks.events import store_client
+
+    now = time.time() if now is None else now
+    fields: dict[str, str] = (
+        {f"{name}:ok": str(now)}
+        if ok
+        else {f"{name}:failed": str(now), f"{name}:error": error[:500]}
+    )
+    try:
+        with (store or store_client()).pipeline(transaction=True) as pipe:
+            for field, value in fields.items():
+                pipe.hset(redis_keys.TASK_HEALTH, field, value)
+            pipe.execute()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # the health check reports Redis
+        log.warning("task health of %s not recorded: %s", name, exc)
+
+
+def failing_tasks(store: redis.Redis) -> dict[str, str]:
+    """Periodic tasks whose latest run failed: task name → the error."""
+    raw = {_text(k): _text(v) for k, v in store.hgetall(redis_keys.TASK_HEALTH).items()}
+    failing = {}
+    for field, value in raw.items():
+        if field.endswith(":failed"):
+            name = field[: -len(":failed")]
+            if float(value) > float(raw.get(f"{name}:ok", 0)):
+                failing[name] = raw.get(f"{name}:error", "")
+    return failing
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

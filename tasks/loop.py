@@ -1,0 +1,299 @@
+"""The warm-up loop, per engine: read → observe → forecast → plan → warm → record the outcome.
+
+:class:`WarmLoop` is the service; tasks (``tasks.loop_tasks``) and the demo call it. One step,
+:meth:`WarmLoop.warm_now`, serves every reason that warms an engine from what it served:
+
+* ``window`` — the window tick on beat (:meth:`WarmLoop.tick`), once per ``schedule.window_s``;
+* ``replica`` — a replica became ready or restarted: the same plan (the forecast's hottest
+  prefixes within its capacity), plus its workload shapes and configured adapters;
+* ``trigger`` — a cold-cache trigger fired (hit-rate drop, spike, drift);
+* ``demo`` / ``cli`` — a person asked.
+
+Each first reads what is new in the engine's sources (so a restart seconds after traffic still
+sees that traffic), then plans with the one planner (:func:`tasks.planner_entry.plan_for`) on
+the engine's observations and forecaster, and submits the plan as WAL transactions. An engine
+that does not answer gets no plan, and its status says so. Outcomes (planned, warmed,
+verified, failed, tokens, seconds) are kept in the store for ``prewarm status``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+import redis
+
+from pipeline.errors import BadInputError, PrewarmError
+from pipeline.plan import WarmItem, WarmPlan
+from pipeline.records import records_frame
+from pipeline.warm_outcome import request_items
+from tasks import redis_keys, telemetry
+from tasks.connections import check_engine_url
+from tasks.observations import Observations, ObservationsVersion, models_root
+from tasks.plan_store import PlanStore
+from tasks.planner_entry import plan_for
+from tasks.settings import EngineSettings, Settings
+from tasks.sources import NewData, read_new
+from tasks.warm_plan import plan_request
+
+log = logging.getLogger(__name__)
+
+#: A plan submitter: (plan, engine name) → plan id. Production: ``tasks.warm.submit_plan``.
+Submit = Callable[[WarmPlan, str], str]
+#: Longest a tick waits for another process updating the same engine's observations.
+LOCK_WAIT_S = 60.0
+LOCK_TIMEOUT_S = 600
+# The engine's last claimed window: a tick claims its window only if no later or equal one was
+# claimed, so each window ticks once, whoever runs it, with one key per engine.
+_CLAIM_WINDOW = """
+local last = tonumber(redis.call('get', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('set', KEYS[1], ARGV[1])
+return 1
+"""
+_RELEASE_WINDOW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass
+class Outcome:
+    """What one warm-up of one engine did (JSON in the store)."""
+
+    engine: str
+    reason: str
+    started: float
+    status: str = "started"
+    window: str | None = None
+    seconds: float = 0.0
+    observations: dict[str, Any] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    model: str | None = None
+    forecast: str | None = None
+    plan_id: str | None = None
+    planned: int = 0
+    tokens: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def window_start(now: float, window_s: int) -> float:
+    """Start of the window ``now`` falls in (windows are aligned to the epoch)."""
+    return now - now % window_s
+
+
+def window_name(start: float) -> str:
+    return pd.Timestamp(start, unit="s", tz="UTC").isoformat()
+
+
+class WarmLoop:
+    """The loop's steps for the engines of ``settings``; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: redis.Redis,
+        submit: Submit | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.submit = submit or self._submit_to_workers
+        self.clock = clock
+
+    def _submit_to_workers(self, plan: WarmPlan, engine: str) -> str:
+        from tasks.warm import submit_plan
+
+        return submit_plan(plan, engine, settings=self.settings)
+
+    # --- the steps ----------------------------------------------------------------------------
+
+    def observe(self, engine: EngineSettings) -> tuple[ObservationsVersion, NewData]:
+        """Read what is new in the engine's sources and add it to its observations."""
+        lock = self.store.lock(
+            redis_keys.LOOP_LOCK.format(engine=engine.name),
+            timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S,
+        )  # fmt: skip
+        if not lock.acquire():
+            raise BadInputError("another process holds its observations", where=engine.name)
+        try:
+            new = read_new(self.settings, self.store, engine)
+            loop = self.settings.loop
+            version = Observations(self.settings.data_dir, engine.name).append(
+                new.records, new.counts, loop.keep_records, loop.keep_windows
+            )
+        finally:
+            lock.release()
+        return version, new
+
+    def model_in_use(self, engine: EngineSettings, version: ObservationsVersion) -> str | None:
+        """The engine's saved forecaster version; one is fitted and saved first when there is
+        none and the observations have enough windows. None: the planner uses frequency."""
+        root = models_root(self.settings.data_dir, engine.name)
+        if not root.exists() and version.windows < self.settings.loop.min_windows_for_model:
+            return None
+        from models.forecaster import SAVED_NAME
+        from models.persistence import current_version
+        from tasks.model_tasks import train_and_save
+
+        if not (root / SAVED_NAME).exists():
+            if version.windows < self.settings.loop.min_windows_for_model:
+                return None
+            counts = Observations(self.settings.data_dir, engine.name).counts_path
+            try:
+                train_and_save(counts, root)
+            except (PrewarmError, ValueError) as exc:  # too little to learn: frequency
+                log.info("engine %s: no forecaster fitted (%s)", engine.name, exc)
+                return None
+        return current_version(root, SAVED_NAME)
+
+    def plan(self, engine: EngineSettings, reason: str, shapes: bool = False) -> WarmPlan | None:
+        """The one planner's plan for ``engine`` on its observations (None: nothing seen)."""
+        observations = Observations(self.settings.data_dir, engine.name)
+        records = observations.records()
+        if records is None or records.empty:
+            if reason != "replica" or not engine.adapters:
+                return None
+            records = records_frame([])  # nothing served yet: a replica still gets its adapters
+        root = models_root(self.settings.data_dir, engine.name)
+        # A model only where one is saved or can be fitted: else the frequency estimate, without
+        # loading the learning libraries at all (seconds on a small machine).
+        learnable = root.exists() or (
+            observations.version().windows >= self.settings.loop.min_windows_for_model
+        )
+        counts = (
+            observations.counts_path if learnable and observations.counts_path.exists() else None
+        )
+        request = plan_request(self.settings, engine.name, shapes=shapes)
+        plan = plan_for(
+            records, request, reason=reason, windows=counts, engine=engine, models_root=root,
+            forecast="auto" if counts is not None else "frequency",
+        )  # fmt: skip
+        return with_configured_adapters(plan, engine) if reason == "replica" else plan
+
+    def update_hotness(self, engine: EngineSettings) -> None:
+        """Template hotness from the engine's kept records (for "hottest last" re-warms)."""
+        from tasks.rewarm import update_template_hotness
+
+        records = Observations(self.settings.data_dir, engine.name).records()
+        if records is not None:
+            update_template_hotness(self.settings, self.store, engine, records["prompt"])
+
+    def warm_now(self, engine_name: str, reason: str, window: str | None = None) -> dict[str, Any]:
+        """Read, observe, plan for ``reason`` and submit; returns the recorded outcome."""
+        engine = self.settings.engine(engine_name)
+        outcome = Outcome(engine.name, reason, self.clock(), window=window)
+        try:
+            self._warm(engine, outcome)
+        except PrewarmError as exc:
+            outcome.status, outcome.error = "failed", str(exc)
+            raise
+        finally:
+            outcome.seconds = round(self.clock() - outcome.started, 3)
+            self.record(outcome)
+        return outcome.to_dict()
+
+    def _warm(self, engine: EngineSettings, outcome: Outcome) -> None:
+        version, new = self.observe(engine)
+        outcome.observations = version.to_dict()
+        outcome.sources = [r.to_dict() for r in new.reads]
+        if self.settings.template_repos and len(new.records):
+            self.update_hotness(engine)
+        try:
+            check_engine_url(engine.url)
+        except PrewarmError as exc:
+            outcome.status = f"engine down: no plan ({exc})"
+            return
+        outcome.model = self.model_in_use(engine, version)
+        plan = self.plan(engine, outcome.reason, shapes=outcome.reason == "replica")
+        if plan is None or not plan.items:
+            outcome.status = "nothing to warm yet" if plan is None else "plan empty"
+            return
+        outcome.forecast = next((n for n in plan.notes if n.startswith("forecast:")), None)
+        outcome.planned, outcome.tokens = len(plan.items), sum(i.tokens for i in plan.items)
+        outcome.plan_id = self.submit(plan, engine.name)
+        outcome.status = "submitted"
+        self._keep_recent_plans(engine.name, plan.plan_id)
+
+    def tick(self, engine_name: str, now: float | None = None) -> dict[str, Any] | None:
+        """The window tick: once per engine and window, whoever runs it (None: already done)."""
+        window_s = self.settings.schedule.window_s
+        start = window_start(self.clock() if now is None else now, window_s)
+        name = window_name(start)
+        claim = redis_keys.LOOP_TICK_CLAIM.format(engine=engine_name)
+        if not self.store.eval(_CLAIM_WINDOW, 1, claim, repr(start)):
+            return None
+        self.store.set(redis_keys.LOOP_NEXT_TICK.format(engine=engine_name), start + window_s)
+        try:
+            outcome = self.warm_now(engine_name, "window", window=name)
+        except PrewarmError:
+            self.store.eval(_RELEASE_WINDOW, 1, claim, repr(start))  # a retry may run it again
+            telemetry.record_tick(self.store, engine_name, False, window_s, now=self.clock())
+            raise
+        telemetry.record_tick(self.store, engine_name, True, window_s, now=self.clock())
+        self.close_window(engine_name, (start - window_s, start))
+        return outcome
+
+    def close_window(self, engine_name: str, window: tuple[float, float]) -> None:
+        """The window that just closed, for coverage, misses and forecast error: its requests
+        per item (the deepest planned block of each request's chain) against what was warmed."""
+        records = Observations(self.settings.data_dir, engine_name).records()
+        if records is None or records.empty or "prefix_hashes" not in records:
+            return
+        epoch = pd.Timestamp(0, tz="UTC")
+        ts = (pd.to_datetime(records["ts"], utc=True) - epoch) / pd.Timedelta(seconds=1)
+        inside = records[(ts >= window[0]) & (ts < window[1])]
+        if inside.empty:
+            return
+        known = telemetry.warm_state(self.store, engine_name).planned
+        observed = request_items(inside["prefix_hashes"], known)
+        seen = {h for chain in records[ts < window[0]]["prefix_hashes"].dropna() for h in chain}
+        telemetry.record_window(self.store, engine_name, window, observed, seen)
+
+    # --- records for status -------------------------------------------------------------------
+
+    def record(self, outcome: Outcome) -> None:
+        body = json.dumps(outcome.to_dict(), default=str)
+        with self.store.pipeline(transaction=True) as pipe:
+            if outcome.reason == "window":
+                pipe.set(redis_keys.LOOP_LAST_TICK.format(engine=outcome.engine), body)
+            pipe.hset(
+                redis_keys.LOOP_LAST_PLANS.format(engine=outcome.engine), outcome.reason, body
+            )
+            pipe.execute()
+
+    def _keep_recent_plans(self, engine: str, plan_id: str) -> None:
+        key = redis_keys.LOOP_PLAN_IDS.format(engine=engine)
+        self.store.lpush(key, plan_id)
+        keep = self.settings.loop.keep_plans
+        old = [_text(p) for p in self.store.lrange(key, keep, -1)]
+        if old:
+            self.store.ltrim(key, 0, keep - 1)
+            plans = PlanStore(self.store)
+            for stale in old:
+                plans.delete(stale)
+
+
+def with_configured_adapters(plan: WarmPlan, engine: EngineSettings) -> WarmPlan:
+    """A replica's plan plus the adapters configured for its engine that the plan lacks, first
+    (they hold no prefix, so they cost no cache and order nothing). The planner adds only the
+    adapters its records used; configured ones are a replica's own."""
+    planned = {item.adapter for item in plan.items if item.kind == "adapter"}
+    extra = [
+        WarmItem("adapter", f"adapter:{name}", engine.model, adapter=name)
+        for name in (a.split("=", 1)[0] for a in engine.adapters)
+        if name not in planned
+    ]
+    return replace(plan, items=(*extra, *plan.items)) if extra else plan
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

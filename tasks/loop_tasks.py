@@ -1,0 +1,62 @@
+"""The loop's tasks (queue ``ingest``): a dispatcher on beat and one tick per engine and window.
+
+``prewarm.loop.dispatch`` runs every few seconds on beat. It reads the settings again when
+their file changed, so an engine added to the file gets its first tick at once and its next
+ones every ``schedule.window_s``, with no process restarted; an engine whose tick is due gets
+``prewarm.loop.tick(engine, window)``. A tick runs once per engine and window, whichever
+worker takes it (a claim in the store), so two dispatchers or a redelivery do no harm.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import shared_task
+
+from tasks import redis_keys
+from tasks.base import PrewarmTask
+from tasks.celery_app import app
+from tasks.events import store_client
+from tasks.loop import WarmLoop, window_start
+from tasks.settings import current_settings
+
+
+def due_engines(now: float) -> list[tuple[str, float]]:
+    """Engines whose window tick is due at ``now``, with the window it is for; each one's next
+    tick is set to the following window, so it is sent once."""
+    settings = current_settings()
+    store = store_client(settings)
+    window_s = settings.schedule.window_s
+    due = []
+    for engine in settings.engines:
+        key = redis_keys.LOOP_NEXT_TICK.format(engine=engine.name)
+        next_tick = store.get(key)
+        if next_tick is None or float(next_tick) <= now:
+            start = window_start(now, window_s)
+            store.set(key, start + window_s)
+            due.append((engine.name, start))
+    return due
+
+
+@shared_task(name="prewarm.loop.dispatch", base=PrewarmTask, periodic=True, ignore_result=True)
+def dispatch() -> dict[str, Any]:
+    """Send the window tick of every engine that is due."""
+    sent = {}
+    for engine, start in due_engines(time.time()):
+        sent[engine] = app.tasks["prewarm.loop.tick"].apply_async((engine, start)).id
+    return {"ticks": sent}
+
+
+@shared_task(name="prewarm.loop.tick", base=PrewarmTask, periodic=True)
+def tick(engine: str, window: float) -> dict[str, Any] | None:
+    """The window tick of ``engine`` for the window starting at ``window`` (Unix seconds)."""
+    settings = current_settings()
+    return WarmLoop(settings, store_client(settings)).tick(engine, now=window)
+
+
+@shared_task(name="prewarm.loop.warm", base=PrewarmTask)
+def warm(engine: str, reason: str) -> dict[str, Any]:
+    """Warm ``engine`` now for ``reason`` (``demo``, ``cli``, ``trigger`` …) through the loop."""
+    settings = current_settings()
+    return WarmLoop(settings, store_client(settings)).warm_now(engine, reason)

@@ -1,0 +1,63 @@
+"""Every Redis key prewarm's own state uses, in one place (the store Redis unless noted).
+
+A module that reads or writes a key takes its name from here, so two modules never spell the
+same key two ways, and a reader of the store can find what a key is for. Cache entries served
+to users (``pw:v1:…``) are named by :mod:`pipeline.keys`; Celery's own keys by Celery.
+"""
+
+from __future__ import annotations
+
+#: prefix of every key below
+ROOT = "pw"
+
+# --- warm-up execution --------------------------------------------------------------------------
+#: a plan and its parts: ``plan(id)`` (JSON), ``plan(id, "meta")``, ``plan(id, "b:3")`` …
+PLAN = ROOT + ":plan:{plan_id}"
+#: write-ahead-log transactions (``tasks.wal_store``) live under this prefix
+WAL_PREFIX = ROOT + ":wal:"
+WAL_TXN = WAL_PREFIX + "txn:{txn_id}"
+#: the per-engine concurrency semaphore shared by every worker
+ENGINE_SEMAPHORE = ROOT + ":sem:{engine}"
+
+# --- the warm-up loop ---------------------------------------------------------------------------
+#: how far each source of an engine was read (``IngestState`` as JSON, one field per source)
+SOURCE_STATE = ROOT + ":loop:{engine}:sources"
+#: what reading each source last found (files, records, errors), one field per source
+SOURCE_STATUS = ROOT + ":loop:{engine}:source-status"
+#: the engine's last tick and its outcome (JSON)
+LOOP_LAST_TICK = ROOT + ":loop:{engine}:last-tick"
+#: the last plan of each reason for the engine (hash: reason → JSON)
+LOOP_LAST_PLANS = ROOT + ":loop:{engine}:plans"
+#: ids of the engine's recent plans, newest first (older ones are deleted)
+LOOP_PLAN_IDS = ROOT + ":loop:{engine}:plan-ids"
+#: when the engine's next window tick is due (Unix seconds)
+LOOP_NEXT_TICK = ROOT + ":loop:{engine}:next-tick"
+#: one tick per engine and window: the last window claimed by a tick (Unix seconds)
+LOOP_TICK_CLAIM = ROOT + ":loop:{engine}:tick-claim"
+#: one engine's observations are written by one process at a time
+LOOP_LOCK = ROOT + ":loop:{engine}:lock"
+
+# --- replicas and triggers ----------------------------------------------------------------------
+REPLICA_LAST = ROOT + ":replicas:{engine}:last"
+TRIGGER_COOLDOWN = ROOT + ":triggers:cooldown:{kind}:{engine}"
+#: rolling state of an engine's cold-cache detectors (JSON)
+TRIGGER_DETECTORS = ROOT + ":triggers:{engine}:detectors"
+
+# --- templates and webhooks ---------------------------------------------------------------------
+TEMPLATE_SERVING = ROOT + ":templates:{repo}:serving"
+TEMPLATE_TXN = ROOT + ":templates:{repo}:txn:{sha}"
+TEMPLATE_HOTNESS = ROOT + ":templates:{repo}:hotness"
+TEMPLATE_LOCK = ROOT + ":templates:{repo}:lock"
+#: per-repository state of the mirror (``field``: the processed sha, …)
+TEMPLATE_STATE = ROOT + ":templates:{repo}:{field}"
+WEBHOOK_DELIVERY = ROOT + ":webhooks:delivery:{forge}:{delivery}"
+
+# --- health -------------------------------------------------------------------------------------
+BEAT_HEARTBEAT = ROOT + ":beat:heartbeat"
+#: last success and failure of each periodic task (hash: ``<task>:ok`` / ``<task>:failed``)
+TASK_HEALTH = ROOT + ":health:tasks"
+
+
+def plan_key(plan_id: str, suffix: str = "") -> str:
+    """A plan's key, or one of its parts (``meta``, ``opts``, ``b:<n>``, …)."""
+    return PLAN.format(plan_id=plan_id) + (f":{suffix}" if suffix else "")

@@ -1,0 +1,124 @@
+"""``docker compose --profile simulator up`` with the example config warms the simulator with
+nothing typed: every compose service's own command runs locally (as in ``test_compose``),
+sharing one data folder; traffic over chat and completions for a few windows; the simulator
+restarts; each template used twice or more must be served from cache on its first request
+after the restart, before the next window ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import httpx
+import pytest
+import redis
+
+from tasks.loop import window_start
+from tasks.settings import load_settings
+from tests.integration.test_compose import LocalStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+WINDOW_S = 30
+#: the services' health checks on a loaded 2-core machine take up to a minute each
+HEALTHY_WITHIN_S = 420.0
+WINDOWS_OF_TRAFFIC = 3
+#: template number → requests per window (some used once in all: not counted)
+TEMPLATES = 10
+
+
+def head(n: int) -> str:
+    return (
+        f"You are assistant {n} of Acme's support desk for product line {n * 7}. Answer in at "
+        f"most three sentences, quote ticket numbers, and escalate outages to on-call. " * 6
+    )
+
+
+def ask(url: str, n: int, question: str, chat: bool) -> tuple[int, int]:
+    """(cached tokens, prompt tokens) of one request for template ``n``."""
+    if chat:
+        messages = [{"role": "system", "content": head(n)}, {"role": "user", "content": question}]
+        body: dict = {"model": "sim-llm", "messages": messages, "max_tokens": 1}
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": "sim-llm", "prompt": head(n) + question, "max_tokens": 1}
+        path = "/v1/completions"
+    usage = httpx.post(url + path, json=body, timeout=30).raise_for_status().json()["usage"]
+    return int(usage["prompt_tokens_details"]["cached_tokens"]), int(usage["prompt_tokens"])
+
+
+def send_traffic(url: str) -> Counter[tuple[int, bool]]:
+    """A few windows of traffic: templates 0–7 over both endpoints in every window, 8 and 9
+    once each. Returns requests per (template, chat)."""
+    used: Counter[tuple[int, bool]] = Counter()
+    for window in range(WINDOWS_OF_TRAFFIC):
+        started = time.monotonic()
+        for n in range(TEMPLATES):
+            if n >= 8 and window > 0:
+                continue
+            for chat in (True, False) if n < 8 else (n == 8,):
+                ask(url, n, f"Window {window}: what about order {n}-{window}?", chat)
+                used[(n, chat)] += 1
+        time.sleep(max(0.0, WINDOW_S - (time.monotonic() - started)))
+    return used
+
+
+def wait_replica_warm(store: redis.Redis, since: float, until: float) -> dict | None:
+    """The replica warm-up the loop ran after ``since`` once its plan is done (None: not by
+    ``until``). Read from the store only — nothing is asked of prewarm."""
+    import json
+
+    from tasks.plan_store import PlanStore
+    from tasks.redis_keys import LOOP_LAST_PLANS
+
+    while time.time() < until:
+        raw = store.hget(LOOP_LAST_PLANS.format(engine="simulator"), "replica")
+        outcome = json.loads(raw) if raw else None
+        fresh = outcome and outcome["started"] > since and outcome.get("plan_id")
+        if fresh and PlanStore(store).report(outcome["plan_id"])["done"]:
+            return outcome
+        time.sleep(0.5)
+    return None
+
+
+def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
+    changes = {
+        "window_s = 300": f"window_s = {WINDOW_S}",
+        "replica_watch_s = 10": "replica_watch_s = 1",
+    }
+    stack = LocalStack(tmp_path, changes)
+    try:
+        stack.start()
+        stack.wait_healthy(within_s=HEALTHY_WITHIN_S)
+        sim = stack.services["simulator"]
+        url = f"http://127.0.0.1:{sim.ports[8000]}"
+        used = send_traffic(url)
+
+        sim.stop()  # a deploy: the same command starts a fresh replica on the same port
+        restarted = time.time()
+        sim.start()
+        deadline = window_start(restarted, WINDOW_S) + 2 * WINDOW_S  # the next window's end
+        env = stack.services["beat"].env
+        settings = load_settings(env)
+        store = redis.Redis.from_url(settings.store_redis_url)
+        outcome = wait_replica_warm(store, restarted, deadline - 5)
+        if outcome is None:  # say how far it got
+            print("replica warm-up not done:", store.hget(
+                "pw:loop:simulator:plans", "replica"), flush=True)  # fmt: skip
+
+        counted = sorted(key for key, requests in used.items() if requests >= 2)
+        results = {key: ask(url, key[0], "A first question after the deploy?", key[1])
+                   for key in counted}  # fmt: skip
+        answered = time.time()
+        served = [key for key, (cached, prompt) in results.items() if cached >= 0.5 * prompt]
+        share = len(served) / len(counted)
+        print(f"served from cache on first use after the restart: {len(served)}/{len(counted)} "
+              f"({share:.0%}); replica warm-up {outcome and outcome['planned']} items, "
+              f"started {outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
+              f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s)")  # fmt: skip
+        assert outcome is not None, stack.services["worker-ingest"].log_tail()
+        assert answered <= deadline
+        assert share >= 0.95, results
+    finally:
+        stack.stop()
