@@ -21,6 +21,8 @@ needed) last. ``WarmPlan.items`` is in priming order.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import math
 import uuid
@@ -58,6 +60,8 @@ class WarmItem:
     engine's chat template renders them); ``params`` are extra request fields (sampling
     parameters for a response, ``max_tokens`` for a shape, ``add_special_tokens``...).
     ``next_use_s`` is the expected delay until first use, when a forecast knows it.
+    ``parent`` is the key of the shorter prefix this one extends (priming it warms the parent's
+    blocks too), when it has one.
     """
 
     kind: str
@@ -75,6 +79,7 @@ class WarmItem:
     template: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     next_use_s: float | None = None
+    parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ITEM_KINDS:
@@ -132,6 +137,17 @@ class PlanBudget:
         if not self.block_tokens or item.tokens <= 0:
             return item.tokens
         return math.ceil((item.tokens + 1) / self.block_tokens) * self.block_tokens
+
+    def cached_tokens(self, item: WarmItem) -> int:
+        """Tokens of ``item`` a later request can find cached: whole blocks only, and never
+        the prompt's last token (an engine always computes at least one), as vLLM does."""
+        if not self.block_tokens or item.tokens <= 0:
+            return item.tokens
+        return (item.tokens - 1) // self.block_tokens * self.block_tokens
+
+    def cacheable(self, item: WarmItem) -> bool:
+        """False for a prefix the engine cannot cache (shorter than one block plus a token)."""
+        return item.kind != "prefix" or self.cached_tokens(item) > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,15 +225,20 @@ def warm_cost_s(item: WarmItem, cost: EngineCost) -> float:
     return item.tokens * cost.prefill_s_per_token + cost.request_overhead_s
 
 
-def score_item(item: WarmItem, cost: EngineCost, weight: float = 1.0) -> float:
+def score_item(
+    item: WarmItem, cost: EngineCost, weight: float = 1.0, budget: PlanBudget | None = None
+) -> float:
     """Seconds ``item`` saves in the next window minus the weighted cost of warming it.
 
-    An adapter saves its load time once (on the first request), not per hit.
+    A prefix saves the prefill of what a later request finds cached (with ``budget``'s block
+    size: whole blocks, never the last token). An adapter saves its load time once (on the
+    first request), not per hit.
     """
     if item.kind == "adapter":
         saved = cost.adapter_load_s if item.predicted_hits > 0 else 0.0
         return saved * weight - cost.warm_cost_weight * cost.request_overhead_s
-    saved_per_hit = item.tokens * cost.prefill_s_per_token
+    cached = budget.cached_tokens(item) if budget is not None else item.tokens
+    saved_per_hit = cached * cost.prefill_s_per_token
     if item.kind == "response":  # a cached answer saves the decode too
         saved_per_hit += int(item.params.get("max_tokens", 16)) * cost.decode_s_per_token
     return item.predicted_hits * saved_per_hit * weight - cost.warm_cost_weight * warm_cost_s(
@@ -235,6 +256,15 @@ class _Tally:
     per_tenant_items: dict[str, int] = field(default_factory=dict)
     per_tenant_tokens: dict[str, int] = field(default_factory=dict)
 
+    def add(self, item: WarmItem, budget: PlanBudget, cost: EngineCost, sign: int = 1) -> None:
+        """Count ``item`` in (``sign`` 1) or out (-1)."""
+        tokens = sign * budget.cache_tokens(item)
+        self.items += sign
+        self.tokens += tokens
+        self.seconds += sign * warm_cost_s(item, cost) / max(1, budget.concurrency)
+        self.per_tenant_items[item.tenant] = self.per_tenant_items.get(item.tenant, 0) + sign
+        self.per_tenant_tokens[item.tenant] = self.per_tenant_tokens.get(item.tenant, 0) + tokens
+
 
 @dataclass(frozen=True, slots=True)
 class _Limits:
@@ -242,27 +272,22 @@ class _Limits:
     shares: Mapping[str, float]
     cost: EngineCost
 
-    def fits(self, item: WarmItem, tally: _Tally) -> bool:
+    def fits(self, item: WarmItem, tally: _Tally, replaces: WarmItem | None = None) -> bool:
+        """Whether ``item`` fits, in place of ``replaces`` (its ancestor) when given."""
+        trial = replace(tally, per_tenant_items=dict(tally.per_tenant_items),
+                        per_tenant_tokens=dict(tally.per_tenant_tokens))  # fmt: skip
+        if replaces is not None:
+            trial.add(replaces, self.budget, self.cost, sign=-1)
+        trial.add(item, self.budget, self.cost)
         b, share = self.budget, self.shares.get(item.tenant, 1.0)
-        seconds = tally.seconds + warm_cost_s(item, self.cost) / max(1, b.concurrency)
-        if tally.items + 1 > b.max_items or seconds > b.max_seconds:
+        if trial.items > b.max_items or trial.seconds > b.max_seconds:
             return False
-        if tally.per_tenant_items.get(item.tenant, 0) + 1 > math.ceil(b.max_items * share):
+        if trial.per_tenant_items.get(item.tenant, 0) > math.ceil(b.max_items * share):
             return False
         if b.max_tokens is None:
             return True
-        tokens = b.cache_tokens(item)
-        tenant_tokens = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
-        return tally.tokens + tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
-
-
-def _take(item: WarmItem, tally: _Tally, cost: EngineCost, budget: PlanBudget) -> None:
-    tokens = budget.cache_tokens(item)
-    tally.items += 1
-    tally.tokens += tokens
-    tally.seconds += warm_cost_s(item, cost) / max(1, budget.concurrency)
-    tally.per_tenant_items[item.tenant] = tally.per_tenant_items.get(item.tenant, 0) + 1
-    tally.per_tenant_tokens[item.tenant] = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
+        tenant_tokens = trial.per_tenant_tokens.get(item.tenant, 0)
+        return trial.tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
 
 
 def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:
@@ -278,36 +303,123 @@ def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:
     return sorted(items, key=rank)
 
 
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What :func:`select_items` chose: items in priming order and what it left out."""
+
+    items: list[WarmItem]
+    dropped: int
+    uncacheable: int = 0
+    credited: int = 0
+
+
+class _Tree:
+    """Scored candidates as a forest of prefix chains (``WarmItem.parent``)."""
+
+    def __init__(self, scored: Sequence[WarmItem], budget: PlanBudget, cost: EngineCost,
+                 weights: Mapping[str, float]) -> None:  # fmt: skip
+        self.by_key = {item.key: item for item in scored}
+        self.budget, self.cost, self.weights = budget, cost, weights
+        self.children: dict[str, list[WarmItem]] = {}
+        for item in scored:
+            if self.parent(item) is not None:
+                self.children.setdefault(str(item.parent), []).append(item)
+
+    def parent(self, item: WarmItem) -> WarmItem | None:
+        return self.by_key.get(item.parent) if item.parent is not None else None
+
+    def ancestors(self, item: WarmItem) -> list[WarmItem]:
+        out, node = [], self.parent(item)
+        while node is not None and node not in out:
+            out.append(node)
+            node = self.parent(node)
+        return out
+
+    def gain(self, item: WarmItem) -> tuple[float, int]:
+        """Seconds saved and cache tokens added by priming ``item`` instead of its parent."""
+        parent = self.parent(item)
+        if parent is None:
+            return item.score, self.budget.cache_tokens(item)
+        b, c = self.budget, self.cost
+        extra = max(0, b.cached_tokens(item) - b.cached_tokens(parent))
+        saved = item.predicted_hits * extra * c.prefill_s_per_token
+        warm = max(0, item.tokens - parent.tokens) * c.prefill_s_per_token
+        gain = saved * self.weights.get(item.tenant, 1.0) - c.warm_cost_weight * warm
+        return gain, b.cache_tokens(item) - b.cache_tokens(parent)
+
+
 def select_items(
     candidates: Sequence[WarmItem],
     budget: PlanBudget,
     cost: EngineCost = EngineCost(),
     weights: Mapping[str, float] | None = None,
     shares: Mapping[str, float] | None = None,
-) -> tuple[list[WarmItem], int]:
-    """Score ``candidates``, pick what fits the budgets; return (items in priming order, dropped).
+) -> Selection:
+    """Score ``candidates``, pick what fits the budgets; items in priming order.
 
-    Profile representatives are taken first (the best-scoring item of each profile, even when
-    its score is negative); then the rest while the score is positive and the item fits. Under a
-    token budget the cache is a knapsack, so the rest go by score per token (the greedy that
-    saves the most seconds per token of cache); otherwise by score.
+    Prefixes the engine cannot cache are never taken. Nested prefixes are one chain: a longer
+    prefix becomes a candidate once its parent is taken, and taking it *replaces* the parent
+    (its priming warms the parent's blocks), for what it adds: its own hits on the blocks
+    beyond the parent's, at the cache tokens beyond the parent's. Profile representatives are
+    taken first (the best-scoring item of each profile, even when its score is negative); then
+    the rest while their gain is positive and they fit. Under a token budget the cache is a
+    knapsack, so candidates go by gain per cache token (the greedy that saves the most seconds
+    per token of cache); otherwise by gain.
     """
     weights, limits = weights or {}, _Limits(budget, shares or {}, cost)
-    scored = [replace(c, score=score_item(c, cost, weights.get(c.tenant, 1.0))) for c in candidates]
+    cacheable = [c for c in candidates if budget.cacheable(c)]
+    scored = [replace(c, score=score_item(c, cost, weights.get(c.tenant, 1.0), budget))
+              for c in cacheable]  # fmt: skip
     scored.sort(key=lambda i: (-i.score, i.key))
-    if budget.max_tokens is not None:
-        scored.sort(key=lambda i: -i.score / max(1, budget.cache_tokens(i)))  # ties: score order
+    tree = _Tree(scored, budget, cost, weights)
     chosen: dict[str, WarmItem] = {}
-    tally = _Tally()
-    for item in _representatives(scored) + scored:
-        if item.key in chosen or (item.score <= 0 and item.profile is None):
+    covered: set[str] = set()
+    tally, credited = _Tally(), 0
+    order = itertools.count()  # ties go first come, first served (never compare items)
+    queue = [(-math.inf, next(order), item) for item in _representatives(scored)]
+    queue += [_entry(tree, item, next(order), budget) for item in scored
+              if tree.parent(item) is None]  # fmt: skip
+    heapq.heapify(queue)
+    while queue:
+        priority, _, item = heapq.heappop(queue)
+        if item.key in chosen or item.key in covered:
             continue
-        if item.score <= 0 and any(c.profile == item.profile for c in chosen.values()):
+        gain, _tokens = tree.gain(item)
+        representative = priority == -math.inf and not any(
+            c.profile == item.profile for c in chosen.values()
+        )
+        if gain <= 0 and not representative:
             continue
-        if limits.fits(item, tally):
-            chosen[item.key] = item
-            _take(item, tally, cost, budget)
-    return priming_order(chosen.values()), len(candidates) - len(chosen)
+        ancestor = next((a for a in tree.ancestors(item) if a.key in chosen), None)
+        if not limits.fits(item, tally, ancestor):
+            continue
+        if ancestor is not None:
+            tally.add(chosen.pop(ancestor.key), budget, cost, sign=-1)
+            item = _merged(item, ancestor, gain)
+            credited += 1
+        covered.update(a.key for a in tree.ancestors(item))
+        chosen[item.key] = item
+        tally.add(item, budget, cost)
+        for child in tree.children.get(item.key, ()):
+            heapq.heappush(queue, _entry(tree, child, next(order), budget))
+    return Selection(priming_order(chosen.values()), len(candidates) - len(chosen),
+                     len(candidates) - len(cacheable), credited)  # fmt: skip
+
+
+def _entry(
+    tree: _Tree, item: WarmItem, order: int, budget: PlanBudget
+) -> tuple[float, int, WarmItem]:
+    gain, tokens = tree.gain(item)
+    priority = gain / max(1, tokens) if budget.max_tokens is not None else gain
+    return (-priority, order, item)
+
+
+def _merged(item: WarmItem, ancestor: WarmItem, gain: float) -> WarmItem:
+    """``item`` in its ancestor's place: the ancestor's hits and value credited to it."""
+    uses = [u for u in (item.next_use_s, ancestor.next_use_s) if u is not None]
+    return replace(item, predicted_hits=max(item.predicted_hits, ancestor.predicted_hits),
+                   score=ancestor.score + gain, next_use_s=min(uses) if uses else None,
+                   profile=item.profile or ancestor.profile)  # fmt: skip
 
 
 def _representatives(scored: Sequence[WarmItem]) -> list[WarmItem]:
@@ -329,9 +441,14 @@ def build_plan(
     plan_id: str | None = None,
 ) -> WarmPlan:
     """A :class:`WarmPlan` for ``engine`` from scored candidates under ``budget``."""
-    items, dropped = select_items(candidates, budget, cost, weights, shares)
-    notes = (f"{len(items)} of {len(candidates)} candidates, {sum(i.tokens for i in items)} tok",)
-    return WarmPlan(plan_id or new_plan_id(), engine, tuple(items), budget, dropped, notes)
+    chosen = select_items(candidates, budget, cost, weights, shares)
+    items = chosen.items
+    notes = (
+        f"{len(items)} of {len(candidates)} candidates, {sum(i.tokens for i in items)} tok",
+        f"prefix chains: {chosen.credited} shorter prefixes credited to a longer one",
+        f"uncacheable: {chosen.uncacheable} prefixes shorter than one cache block",
+    )
+    return WarmPlan(plan_id or new_plan_id(), engine, tuple(items), budget, chosen.dropped, notes)
 
 
 def with_cache_salt(plan: WarmPlan, isolate_tenants: bool) -> WarmPlan:

@@ -5,18 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from models.forecaster import SAVED_NAME, HotnessForecaster
 from models.persistence import save_model
+from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
+from pipeline.ingest import ingest_to_dir
+from pipeline.ingest.options import IngestOptions
 from pipeline.keys import CacheKey
 from pipeline.plan import PlanBudget
-from pipeline.planning import PlanRequest, candidates, plan_from_records
+from pipeline.planning import (
+    PlanRequest,
+    TemplateHead,
+    candidates,
+    plan_from_candidates,
+    plan_from_records,
+    template_head_items,
+)
 from pipeline.prefix import block_hashes
 from pipeline.records import records_frame
 from pipeline.windows import item_window_counts
 from tasks.settings import Settings
-from tasks.warm_plan import plan_for_engine, plan_request
+from tasks.warm_plan import plan_for_engine, plan_request, read_records
+from tests.conftest import SHARED_DATA
+
+EXAMPLES = SHARED_DATA / "logs" / "examples"
 
 HEADS = [f"You are the assistant of the {team} team; answer briefly and cite policy. " * 6
          for team in ("billing", "search", "legal", "travel")]  # fmt: skip
@@ -136,3 +150,102 @@ def test_a_vllm_cache_with_a_block_size_loses_the_null_block_to_the_budget():
         {"engines": [{**engine, "cache_block_tokens": 16, "kind": "simulator"}]}
     )
     assert plan_request(simulator, "e").budget.max_tokens == 8192
+
+
+def _tree_records() -> pd.DataFrame:
+    """Three templates behind one short shared header: 'billing' used 6 times (twice with the
+    same long question), 'search' 3 times, 'legal' once."""
+    start, rows = pd.Timestamp("2026-01-01T00:00:00Z"), []
+    header = "Answer as the desk assistant of the company, politely and briefly, and never guess. "
+    repeated = "Which invoices are overdue this month and by how many days each? " * 4
+    users = {"billing": [f"Q{k}?" for k in range(4)] + [repeated, repeated],
+             "search": [f"Q{k}?" for k in range(3)], "legal": ["Q0?"]}  # fmt: skip
+    for team, questions in users.items():
+        head = header + f"You are the assistant of the {team} team; follow its policy. " * 30
+        rows += [{"ts": start + pd.Timedelta(seconds=len(rows)), "model": "m", "prompt": head + q}
+                 for q in questions]  # fmt: skip
+    return records_frame(rows)
+
+
+def test_a_longer_prefix_replaces_its_parent_which_is_credited():
+    request = PlanRequest(engine="e", model="m",
+                          budget=PlanBudget(max_tokens=100_000, block_tokens=16))  # fmt: skip
+    found = candidates(_tree_records(), request)
+    parents = {i.key for i in found if i.parent is not None and i.parent in {f.key for f in found}}
+    assert parents, "the repeated question is a child of the billing head"
+    plan = plan_from_candidates(found, request)
+    billing = [i for i in plan.items if "billing" in (i.text or "")]
+    assert len(billing) == 1 and billing[0].text.endswith("days each? ")  # one chain, primed once
+    head = next(i for i in found if i.key == billing[0].parent)
+    assert billing[0].predicted_hits == head.predicted_hits > 0  # credited with the head's hits
+    # the shared header (a block here) and the billing head, both warmed by the question's prime
+    assert "prefix chains: 2 shorter prefixes credited to a longer one" in plan.notes
+    assert not [i for i in plan.items if i.key == head.parent]
+    assert plan.notes[0] == "reason: cli"
+
+
+def test_with_room_everything_seen_is_primed_and_nothing_uncacheable():
+    request = PlanRequest(engine="e", model="m",
+                          budget=PlanBudget(max_tokens=100_000, block_tokens=64))  # fmt: skip
+    plan = plan_from_records(_tree_records(), request)
+    teams = [next(t for t in ("billing", "search", "legal") if t in (i.text or ""))
+             for i in plan.items]  # fmt: skip
+    assert teams == ["legal", "search", "billing"]  # seen once included; hottest primed last
+    assert all(request.budget.cached_tokens(i) > 0 for i in plan.items)
+    assert "uncacheable: 1 prefixes shorter than one cache block" in plan.notes  # the header
+
+
+def test_when_the_cache_is_short_the_forecast_decides_what_is_cut():
+    roomy = PlanRequest(engine="e", model="m", budget=PlanBudget(block_tokens=64))
+    sizes = [roomy.budget.cache_tokens(i) for i in plan_from_records(_tree_records(), roomy).items]
+    tight = PlanRequest(
+        engine="e", model="m", budget=PlanBudget(max_tokens=sizes[-1] + sizes[-2], block_tokens=64)
+    )
+    plan = plan_from_records(_tree_records(), tight)
+    assert [("legal" in (i.text or "")) for i in plan.items] == [False, False]
+    assert sum(tight.budget.cache_tokens(i) for i in plan.items) <= tight.budget.max_tokens
+
+
+def test_every_reason_goes_through_the_one_planner():
+    records = _tree_records()
+    for reason in ("window", "replica", "trigger", "cli", "demo"):
+        request = PlanRequest(engine="e", model="m", reason=reason)
+        plan = plan_from_candidates(candidates(records, request), request)
+        assert plan.notes[0] == f"reason: {reason}" and plan.items
+        assert any(i.kind == "shape" for i in plan.items) == (reason == "replica")
+    heads = [TemplateHead("billing@2", HEADS[0], hotness=3.0, endpoints=("completions", "chat"))]
+    request = PlanRequest(engine="e", model="m", reason="template")
+    plan = plan_from_candidates(
+        candidates(records, request, extra=template_head_items(heads, "m")), request
+    )
+    assert plan.notes[0] == "reason: template" and len(plan.items) == 2  # nothing from records
+    chat = next(i for i in plan.items if i.endpoint == "chat")
+    assert chat.messages == ({"role": "system", "content": HEADS[0]},)
+    assert CacheKey.parse(chat.key).template == "billing@2"
+    with pytest.raises(BadInputError, match="reason"):
+        PlanRequest(engine="e", reason="whim")
+
+
+def test_missing_values_never_become_nan_in_keys_or_crash_shapes():
+    rows = [{"ts": "2026-01-01T00:00:00Z", "model": "m", "prompt": "What is the refund window?",
+             "temperature": 0.0, "max_tokens": 64} for _ in range(3)]  # fmt: skip
+    records = records_frame(rows).astype({"prompt_tokens": "float64", "tenant": "object"})
+    records["tenant"] = float("nan")  # how a column of missing values reads back from parquet
+    records["max_tokens"] = 64.0
+    request = PlanRequest(engine="e", model="m", shapes=True, responses=True)
+    found = candidates(records, request)
+    assert {i.kind for i in found} >= {"shape", "response"}
+    assert not [i.key for i in found if "nan" in i.key.lower()]
+    response = next(i for i in found if i.kind == "response")
+    assert CacheKey.parse(response.key).tenant == "default"
+    assert response.params["max_tokens"] == 64  # a float count is still its number
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir()))
+def test_plan_with_shapes_works_on_every_example_log(example, tmp_path):
+    ingest_to_dir([EXAMPLES / example], tmp_path / "ingest", IngestOptions(year=2025))
+    records, _ = read_records(tmp_path / "ingest")
+    request = PlanRequest(engine="e", shapes=True, responses=True, embeddings=True)
+    plan = plan_from_records(records, request)
+    assert not [i.key for i in plan.items if "nan" in i.key.split(":")]
+    assert plan.notes[0] == "reason: cli"
