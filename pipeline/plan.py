@@ -121,8 +121,11 @@ class WarmItem:
 class PlanBudget:
     """Limits of one plan. ``max_tokens`` is the engine's cache capacity (None = unbounded).
 
-    With ``block_tokens`` (the engine's KV-cache block size) an item takes whole blocks of that
-    capacity: its prompt and the one token its priming request generates, rounded up.
+    With ``block_tokens`` (the engine's KV-cache block size) an item keeps the whole blocks of
+    its prompt in that capacity: its partial last block and the block of the token its priming
+    request generates hold nothing cached, and vLLM frees them to the front of its free queue,
+    to be reused by the next request (``BlockPool.free_blocks``), so they are one block in
+    flight for the whole plan, not one per item.
     """
 
     max_items: int = 100
@@ -133,10 +136,16 @@ class PlanBudget:
     block_tokens: int | None = None
 
     def cache_tokens(self, item: WarmItem) -> int:
-        """The share of the cache's capacity ``item`` takes once primed."""
+        """The share of the cache's capacity ``item`` keeps once primed: its whole blocks."""
         if not self.block_tokens or item.tokens <= 0:
             return item.tokens
-        return math.ceil((item.tokens + 1) / self.block_tokens) * self.block_tokens
+        return item.tokens // self.block_tokens * self.block_tokens
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """Capacity a priming request needs beyond what it keeps: its partial last block and
+        its output token's (one block)."""
+        return self.block_tokens or 0
 
     def cached_tokens(self, item: WarmItem) -> int:
         """Tokens of ``item`` a later request can find cached: whole blocks only, and never
@@ -287,7 +296,8 @@ class _Limits:
         if b.max_tokens is None:
             return True
         tenant_tokens = trial.per_tenant_tokens.get(item.tenant, 0)
-        return trial.tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
+        room = b.max_tokens - b.in_flight_tokens
+        return trial.tokens <= room and tenant_tokens <= room * share
 
 
 def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:

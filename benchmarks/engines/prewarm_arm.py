@@ -32,8 +32,10 @@ def settings_toml(url: str, model: str, cache_tokens: int | None) -> str:
         'kind = "vllm"',
         "max_concurrency = 1",
     ]
+    # The block size is known whatever the capacity: an item shorter than a block is never planned.
+    lines.append(f"cache_block_tokens = {CPU_BLOCK_TOKENS}")
     if cache_tokens is not None:
-        lines += [f"cache_tokens = {cache_tokens}", f"cache_block_tokens = {CPU_BLOCK_TOKENS}"]
+        lines.append(f"cache_tokens = {cache_tokens}")
     lines += ["", "[budget]", "max_items = 100", "max_seconds = 300.0", "batch_size = 4", ""]
     return "\n".join(lines)
 

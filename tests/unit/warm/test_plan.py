@@ -24,16 +24,21 @@ def item(key, hits, tokens=100, tenant="default", profile=None, **kw):
                     predicted_hits=hits, profile=profile, **kw)  # fmt: skip
 
 
-def test_with_a_block_size_each_item_takes_whole_blocks_of_the_cache():
-    # 3 x 200 tokens fit 700 tokens, but each takes 2 blocks of 128 (200 + its output token)
-    cands = [item("a", 9, 200), item("b", 8, 200), item("c", 7, 200)]
+def test_with_a_block_size_each_item_keeps_its_whole_blocks_plus_one_in_flight():
+    # 3 x 300 tokens are over 700 tokens, but each keeps only 2 whole blocks of 128 cached (its
+    # partial block and output token are freed to be reused); one block is needed in flight
+    cands = [item("a", 9, 300), item("b", 8, 300), item("c", 7, 300)]
     loose = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700), COST)
-    blocks = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700, block_tokens=128),
+    blocks = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=900, block_tokens=128),
                         COST)  # fmt: skip
-    assert len(loose.items) == 3
-    assert [i.key for i in blocks.items] == ["b", "a"]  # 4 blocks = 512 of 700; c would need 768
-    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 127)) == 128
-    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 128)) == 256
+    assert [i.key for i in loose.items] == ["b", "a"]
+    assert [i.key for i in blocks.items] == ["c", "b", "a"]  # 6 blocks kept + 1 in flight
+    tight = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=768, block_tokens=128),
+                       COST)  # fmt: skip
+    assert [i.key for i in tight.items] == ["b", "a"]  # 768 = 6 blocks: none left in flight
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 255)) == 128
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 256)) == 256
+    assert PlanBudget(block_tokens=128).cached_tokens(item("x", 1, 256)) == 128  # not the last
 
 
 def test_score_is_time_saved_minus_warm_cost():
