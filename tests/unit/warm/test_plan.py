@@ -141,3 +141,19 @@ def test_a_plan_cannot_smuggle_request_fields():
     with pytest.raises(BadInputError, match="unknown request fields"):
         WarmItem("prefix", "k", "m", text="t", params={"model": "other", "api_base": "http://x"})
     assert WarmItem("prefix", "k", "m", text="t", params={"cache_salt": "a"}).params
+
+
+def test_what_prewarm_warm_prints_for_a_plan_it_found_finished():
+    from jobs.cmd_warm import outcome
+
+    stale = {"done": True, "state": "submitted", "seconds": -41.2, "items_failed": 0}
+    shown = outcome(stale, [{"batch": 0, "state": "committed", "failed": 0}], elapsed_s=0.4)
+    assert shown["state"] == "finished" and shown["seconds"] == 0.4 and shown["ok"]
+    batches = [{"batch": 0, "state": "committed", "failed": 1, "failures": ["k: x"]},
+               {"batch": 1, "state": "rolled_back", "failed": 4}]  # fmt: skip
+    report = {"done": True, "state": "finished", "seconds": 2.0, "items_failed": 1}
+    failed = outcome(report, batches, elapsed_s=3.0)
+    assert not failed["ok"] and failed["seconds"] == 2.0
+    assert [b["batch"] for b in failed["failed_batches"]] == [0, 1]
+    running = outcome({"done": False, "state": "submitted"}, [], elapsed_s=600.0)
+    assert running["state"] == "submitted" and not running["ok"]
