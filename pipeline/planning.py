@@ -110,23 +110,46 @@ def configured_adapter_items(names: Iterable[str], model: str) -> list[WarmItem]
 
 
 def shape_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
-    """One representative request per (prompt length, output length) shape seen."""
-    shapes: dict[str, WarmItem] = {}
+    """One representative request per workload shape seen, hits = the shape's requests.
+
+    Where the records carry a ``profile`` column (a fitted workload profiler's labels, see
+    ``tasks.warm_plan.with_profiles``), a shape is a profile and its representative the request
+    closest to the profile's centre (lowest ``profile_distance``); otherwise a shape is a
+    (prompt length, output length) bucket and its representative the first request seen.
+    """
+    rows = [r for r in records.to_dict("records") if present(r.get("prompt")) is not None]
+    profiled = "profile" in records.columns and any(present(r.get("profile")) for r in rows)
+    shapes: dict[str, dict[str, object]] = {}
     counts: Counter[str] = Counter()
-    for row in records.to_dict("records"):
-        prompt = present(row.get("prompt"))
-        if prompt is None:
-            continue
-        p = _bucket(row.get("prompt_tokens"), PROMPT_BUCKETS)
+    for row in rows:
         o = _bucket(row.get("output_tokens"), OUTPUT_BUCKETS)
-        profile = f"p{p}-o{o}"
+        if profiled:
+            profile = present(row.get("profile")) or "unprofiled"
+        else:
+            profile = f"p{_bucket(row.get('prompt_tokens'), PROMPT_BUCKETS)}-o{o}"
         counts[profile] += 1
-        shapes.setdefault(profile, WarmItem(
-            "shape", shape_key(profile), model or present(row.get("model")) or "", text=prompt,
-            tokens=_count(row.get("prompt_tokens")) or count_tokens(prompt), profile=profile,
-            params={"max_tokens": o, "ignore_eos": True},
-        ))  # fmt: skip
-    return [replace(item, predicted_hits=float(counts[k])) for k, item in shapes.items()]
+        best = shapes.get(profile)
+        if best is None or _distance(row) < _distance(best):
+            shapes[profile] = row
+    return [_shape_item(profile, row, model, float(counts[profile]))
+            for profile, row in shapes.items()]  # fmt: skip
+
+
+def _distance(row: Mapping[str, object]) -> float:
+    value = row.get("profile_distance")
+    return float(str(value)) if present(value) is not None else math.inf
+
+
+def _shape_item(profile: str, row: Mapping[str, object], model: str | None,
+                hits: float) -> WarmItem:  # fmt: skip
+    prompt = str(row["prompt"])
+    return WarmItem(
+        "shape", shape_key(profile), model or present(row.get("model")) or "", text=prompt,
+        tokens=_count(row.get("prompt_tokens")) or count_tokens(prompt), profile=profile,
+        predicted_hits=hits,
+        params={"max_tokens": _bucket(row.get("output_tokens"), OUTPUT_BUCKETS),
+                "ignore_eos": True},
+    )  # fmt: skip
 
 
 def _max_tokens(value: object) -> int:

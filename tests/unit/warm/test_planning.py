@@ -249,3 +249,31 @@ def test_plan_with_shapes_works_on_every_example_log(example, tmp_path):
     plan = plan_from_records(records, request)
     assert not [i.key for i in plan.items if "nan" in i.key.split(":")]
     assert plan.notes[0] == "reason: cli"
+
+
+def _two_shapes() -> pd.DataFrame:
+    """Chat-like requests (short prompt, long answer) and batch-like (long prompt, 1 token)."""
+    start, rows = pd.Timestamp("2026-01-01T00:00:00Z"), []
+    for n in range(80):
+        chat = n % 2 == 0
+        rows.append({"ts": start + pd.Timedelta(seconds=n), "model": "m",
+                     "request_id": f"r{n}", "prompt": ("hi there " if chat else HEADS[1]) + f"{n}",
+                     "prompt_tokens": 20 + n % 5 if chat else 3000 + n,
+                     "output_tokens": 400 + n if chat else 1})  # fmt: skip
+    return records_frame(rows)
+
+
+def test_a_replica_plan_has_one_shape_per_workload_profile():
+    settings = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
+    )
+    request = plan_request(settings, "e", reason="replica")
+    plan = plan_for_engine(_two_shapes(), request)
+    shapes = [i for i in plan.items if i.kind == "shape"]
+    assert plan.notes[0] == "reason: replica"
+    profiles = next(n for n in plan.notes if n.startswith("shapes:"))
+    assert profiles.startswith("shapes: ") and "workload profiles" in profiles, plan.notes
+    assert len(shapes) == int(profiles.split()[1]) >= 2
+    assert {i.params["max_tokens"] for i in shapes} >= {16, 512}  # both shapes kept
+    few = plan_for_engine(_two_shapes()[:10], request)
+    assert "shapes: length buckets (too few requests to profile)" in few.notes
