@@ -265,14 +265,26 @@ class _Tally:
     per_tenant_items: dict[str, int] = field(default_factory=dict)
     per_tenant_tokens: dict[str, int] = field(default_factory=dict)
 
-    def add(self, item: WarmItem, budget: PlanBudget, cost: EngineCost, sign: int = 1) -> None:
-        """Count ``item`` in (``sign`` 1) or out (-1)."""
-        tokens = sign * budget.cache_tokens(item)
+    def add(self, charge: _Charge, sign: int = 1) -> None:
+        """Count an item's ``charge`` in (``sign`` 1) or out (-1)."""
+        tokens = sign * charge.tokens
         self.items += sign
         self.tokens += tokens
-        self.seconds += sign * warm_cost_s(item, cost) / max(1, budget.concurrency)
-        self.per_tenant_items[item.tenant] = self.per_tenant_items.get(item.tenant, 0) + sign
-        self.per_tenant_tokens[item.tenant] = self.per_tenant_tokens.get(item.tenant, 0) + tokens
+        self.seconds += sign * charge.seconds
+        self.per_tenant_items[charge.tenant] = self.per_tenant_items.get(charge.tenant, 0) + sign
+        self.per_tenant_tokens[charge.tenant] = (
+            self.per_tenant_tokens.get(charge.tenant, 0) + tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Charge:
+    """What one chosen item costs the budgets: cache tokens beyond the blocks already warm
+    (an ancestor's, kept by another item of the chain), and wall seconds at the concurrency."""
+
+    tenant: str
+    tokens: int
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,21 +293,32 @@ class _Limits:
     shares: Mapping[str, float]
     cost: EngineCost
 
-    def fits(self, item: WarmItem, tally: _Tally, replaces: WarmItem | None = None) -> bool:
-        """Whether ``item`` fits, in place of ``replaces`` (its ancestor) when given."""
+    def charge(self, item: WarmItem, base: WarmItem | None, based: _Charge | None) -> _Charge:
+        """``item``'s charge when ``base`` (its nearest ancestor already warm, whose own charge
+        is ``based`` if it is chosen and replaced now) keeps blocks it shares."""
+        b = self.budget
+        seconds = warm_cost_s(item, self.cost) / max(1, b.concurrency)
+        if base is None:
+            return _Charge(item.tenant, b.cache_tokens(item), seconds)
+        extra = max(0, b.cache_tokens(item) - b.cache_tokens(base))
+        return _Charge(item.tenant, extra + (based.tokens if based else 0), seconds)
+
+    def fits(self, charge: _Charge, tally: _Tally, replaces: _Charge | None = None) -> bool:
+        """Whether ``charge`` fits, in place of ``replaces`` (its ancestor's) when given."""
         trial = replace(tally, per_tenant_items=dict(tally.per_tenant_items),
                         per_tenant_tokens=dict(tally.per_tenant_tokens))  # fmt: skip
         if replaces is not None:
-            trial.add(replaces, self.budget, self.cost, sign=-1)
-        trial.add(item, self.budget, self.cost)
-        b, share = self.budget, self.shares.get(item.tenant, 1.0)
+            trial.add(replaces, sign=-1)
+        trial.add(charge)
+        tenant = charge.tenant
+        b, share = self.budget, self.shares.get(tenant, 1.0)
         if trial.items > b.max_items or trial.seconds > b.max_seconds:
             return False
-        if trial.per_tenant_items.get(item.tenant, 0) > math.ceil(b.max_items * share):
+        if trial.per_tenant_items.get(tenant, 0) > math.ceil(b.max_items * share):
             return False
         if b.max_tokens is None:
             return True
-        tenant_tokens = trial.per_tenant_tokens.get(item.tenant, 0)
+        tenant_tokens = trial.per_tenant_tokens.get(tenant, 0)
         room = b.max_tokens - b.in_flight_tokens
         return trial.tokens <= room and tenant_tokens <= room * share
 
@@ -383,6 +406,7 @@ def select_items(
     scored.sort(key=lambda i: (-i.score, i.key))
     tree = _Tree(scored, budget, cost, weights)
     chosen: dict[str, WarmItem] = {}
+    charges: dict[str, _Charge] = {}
     covered: set[str] = set()
     tally, credited = _Tally(), 0
     order = itertools.count()  # ties go first come, first served (never compare items)
@@ -400,16 +424,19 @@ def select_items(
         )
         if gain <= 0 and not representative:
             continue
-        ancestor = next((a for a in tree.ancestors(item) if a.key in chosen), None)
-        if not limits.fits(item, tally, ancestor):
+        base = next((a for a in tree.ancestors(item) if a.key in chosen or a.key in covered), None)
+        ancestor = base if base is not None and base.key in chosen else None
+        replaced = charges.get(ancestor.key) if ancestor is not None else None
+        charge = limits.charge(item, base, replaced)
+        if not limits.fits(charge, tally, replaced):
             continue
-        if ancestor is not None:
-            tally.add(chosen.pop(ancestor.key), budget, cost, sign=-1)
-            item = _merged(item, ancestor, gain)
+        if ancestor is not None and replaced is not None:
+            tally.add(charges.pop(ancestor.key), sign=-1)
+            item = _merged(item, chosen.pop(ancestor.key), gain)
             credited += 1
         covered.update(a.key for a in tree.ancestors(item))
-        chosen[item.key] = item
-        tally.add(item, budget, cost)
+        chosen[item.key], charges[item.key] = item, charge
+        tally.add(charge)
         for child in tree.children.get(item.key, ()):
             heapq.heappush(queue, _entry(tree, child, next(order), budget))
     return Selection(priming_order(chosen.values()), len(candidates) - len(chosen),
