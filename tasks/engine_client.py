@@ -150,6 +150,29 @@ class EngineClient:
             raise EngineUnavailableError(f"{self._where('/v1/models')}: {response.status_code}")
         return {card["id"] for card in response.json().get("data", [])}
 
+    def prefix_cache_queries(self) -> float | None:
+        """``vllm:prefix_cache_queries_total`` from the engine's ``/metrics`` (tokens looked up in
+        its prefix cache so far), or None when the engine publishes no such counter. vLLM counts
+        lookups only while prefix caching is on, so a count above 0 says the cache keeps what the
+        engine computes."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            response = self.http.get("/metrics")
+        except httpx.TransportError:
+            return None
+        if response.status_code >= 400:
+            return None
+        total = None
+        try:
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    if sample.name == "vllm:prefix_cache_queries_total":
+                        total = (total or 0.0) + sample.value
+        except ValueError:  # not Prometheus text
+            return None
+        return total
+
     def load_adapter(self, name: str, path: str) -> None:
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
 

@@ -8,14 +8,16 @@ so the engine's chat template renders them.
 
 Verification costs one request per item where the engine reports
 ``usage.prompt_tokens_details.cached_tokens`` on the priming request itself (vLLM with
-``--enable-prompt-tokens-details``, the simulator): the engine's cache accounting answered for
-the prime, so the prime stands for its item, and one sampled probe per batch — its last prefix,
-the one primed last, so the probe leaves the cache's LRU order as it was — checks that the
-engine really keeps what it computed (a prefix cache switched off reports 0 there). Only when the
-sample shows no cached tokens is every item probed. An engine that reports nothing (llama.cpp,
-TGI) gets a probe per item, which must answer faster than its prime by ``ttft_drop``. A probe of
-a group needs ``min_cached_share`` of its prompt tokens cached, else each prompt is probed alone
-and needs cached tokens > 0.
+``--enable-prompt-tokens-details``, the simulator) and its ``/metrics`` count prefix-cache
+lookups (``vllm:prefix_cache_queries_total`` > 0: the cache is on, and vLLM keeps every whole
+block it computes): the prime stands for its item, and one ``GET /metrics`` per batch, which
+costs the engine no prompt tokens, for the batch. Where the engine publishes no such count, one
+sampled probe per batch — its last prefix, the one primed last, so the probe leaves the cache's
+LRU order as it was — checks that the engine keeps what it computed (a prefix cache switched off
+reports 0 there); only when the sample shows no cached tokens is every item probed. An engine
+that reports nothing (llama.cpp, TGI) gets a probe per item, which must answer faster than its
+prime by ``ttft_drop``. A probe of a group needs ``min_cached_share`` of its prompt tokens
+cached, else each prompt is probed alone and needs cached tokens > 0.
 """
 
 from __future__ import annotations
@@ -121,11 +123,15 @@ def _probe(indices: list[int], items: Sequence[WarmItem], results: Sequence[Item
 
 def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
     """Verify primed prefixes (shapes are done once they answered): by their prime where the
-    engine reports cached tokens, checked by one sampled probe; by a probe each otherwise."""
+    engine reports cached tokens on it and its metrics show its prefix cache on; by one sampled
+    probe where only the first holds; by a probe each otherwise."""
     live = [i for i, item in enumerate(items) if results[i].ok and item.kind == "prefix"]
     primed = [i for i in live if results[i].prime is not None]
     accounted = [i for i in primed if _accounted(results[i].prime)]
-    if accounted:
+    if accounted and (ctx.engine.prefix_cache_queries() or 0) > 0:
+        for i in accounted:
+            results[i].verified_by = "prime"
+    elif accounted:
         sample = accounted[-1]
         _probe([sample], items, results, ctx)
         for i in accounted:
