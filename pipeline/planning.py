@@ -23,7 +23,8 @@ import pandas as pd
 
 from pipeline.errors import BadInputError
 from pipeline.keys import adapter_key, response_key, shape_key, template_head_key
-from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan, build_plan, with_cache_salt
+from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planner_select import build_plan, with_cache_salt
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.prefixes import detect_prefixes, prefix_items, present
 
