@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
@@ -172,6 +173,39 @@ def measure_tokens(
     return counts
 
 
+def engine_cache(engine: EngineSettings, transport: httpx.BaseTransport | None = None
+                 ) -> tuple[int, int] | None:  # fmt: skip
+    """(block size, number of blocks) of the engine's KV cache as vLLM publishes them
+    (``vllm:cache_config_info``), or None when it does not (not vLLM, not up, not yet sized)."""
+    client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=1),
+                          transport=transport)  # fmt: skip
+    try:
+        labels = client.cache_config() or {}
+    finally:
+        client.close()
+    try:
+        block, blocks = int(labels["block_size"]), int(labels["num_gpu_blocks"])
+    except (KeyError, ValueError):  # absent, or "None" before the engine sized its cache
+        return None
+    return (block, blocks) if block > 0 and blocks > 1 else None
+
+
+def with_engine_cache(
+    request: PlanRequest, cache: tuple[int, int] | None
+) -> tuple[PlanRequest, str]:
+    """``request`` with the block size and capacity the engine published where the settings
+    name neither (``cache_block_tokens``, ``cache_tokens``), and a note saying which were used.
+    The capacity leaves out vLLM's null block."""
+    budget = request.budget
+    if cache is None:
+        return request, "cache: as configured"
+    block, blocks = cache
+    capacity = budget.max_tokens if budget.max_tokens is not None else (blocks - 1) * block
+    filled = replace(budget, block_tokens=budget.block_tokens or block, max_tokens=capacity)
+    return (replace(request, budget=filled),
+            f"cache: {blocks} blocks of {block} tokens (the engine's /metrics)")  # fmt: skip
+
+
 #: Fewer requests with a prompt than this and workload profiles are not fitted (length buckets
 #: name the shapes instead).
 MIN_PROFILED = 50
@@ -236,6 +270,10 @@ def plan_for_engine(
         if learned is None and forecast == "model":
             raise BadInputError("the learned forecast is unavailable", where=str(windows))
     notes = [f"forecast: model ({learned[1]})" if learned else "forecast: frequency"]
+    budget = request.budget
+    if engine is not None and (budget.block_tokens is None or budget.max_tokens is None):
+        request, note = with_engine_cache(request, engine_cache(engine))
+        notes.append(note)
     if request.shapes or request.reason == "replica":
         records, note = with_profiles(records)
         notes.append(note)

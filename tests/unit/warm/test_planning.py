@@ -295,3 +295,30 @@ def test_a_replica_plan_has_one_shape_per_workload_profile():
     assert {i.params["max_tokens"] for i in shapes} >= {16, 512}  # both shapes kept
     few = plan_for_engine(_two_shapes()[:10], request)
     assert "shapes: length buckets (too few requests to profile)" in few.notes
+
+
+VLLM_METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_cpu_blocks="None",num_gpu_blocks="64",num_gpu_blocks_override="64"} 1.0
+"""  # noqa: E501 - one line as vLLM 0.32 writes it
+
+
+def test_block_size_and_capacity_come_from_the_engine_when_not_configured():
+    import httpx
+
+    from tasks.warm_plan import engine_cache, with_engine_cache
+
+    settings = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m", "kind": "vllm"}]}
+    )
+    engine = settings.engine("e")
+    vllm = httpx.MockTransport(lambda r: httpx.Response(200, text=VLLM_METRICS))
+    assert engine_cache(engine, vllm) == (128, 64)
+    other = httpx.MockTransport(lambda r: httpx.Response(404))
+    assert engine_cache(engine, other) is None
+    request, note = with_engine_cache(plan_request(settings, "e"), (128, 64))
+    assert request.budget.block_tokens == 128 and request.budget.max_tokens == 63 * 128
+    assert note == "cache: 64 blocks of 128 tokens (the engine's /metrics)"
+    # a header shorter than the engine's block is then never planned
+    plan = plan_from_records(_tree_records(), request)
+    assert "uncacheable: 1 prefixes shorter than one cache block" in plan.notes
