@@ -108,6 +108,34 @@ def _load_plan(path: Path) -> WarmPlan:
         raise BadInputError(f"cannot read plan ({exc.strerror})", where=str(path)) from exc
 
 
+def outcome(
+    report: dict[str, Any], batches: list[dict[str, Any]], elapsed_s: float
+) -> dict[str, Any]:
+    """What ``prewarm warm`` prints: the plan's report as the CLI saw it end.
+
+    A plan whose batches are all done is ``finished`` (the store says ``submitted`` until the
+    chord's callback runs, and again when a finished plan is submitted once more); its seconds
+    are the store's when they are sound, else what this command waited (never negative: a
+    re-submitted plan keeps its first ``finished`` time). ``ok`` is false when an item failed or
+    a batch rolled back, and ``failed_batches`` says which.
+    """
+    out = dict(report)
+    if out.get("done"):
+        out["state"] = "finished"
+    seconds = out.get("seconds")
+    if not isinstance(seconds, int | float) or seconds < 0:
+        out["seconds"] = round(max(0.0, elapsed_s), 3)
+    failed = [
+        {"batch": b.get("batch"), "state": b.get("state"), "failed": b.get("failed", 0),
+         "failures": b.get("failures", [])}
+        for b in batches
+        if b.get("state") != "committed" or b.get("failed", 0)
+    ]  # fmt: skip
+    out["failed_batches"] = failed
+    out["ok"] = bool(out.get("done")) and not failed and not out.get("items_failed", 0)
+    return out
+
+
 def _follow(plan_id: str, timeout_s: float) -> dict[str, Any]:
     from tasks.warm import plan_report
 
@@ -164,13 +192,19 @@ def warm(
     if ordered is None:
         ordered = warm_plan.budget.max_tokens is not None
     options = WarmOptions(batch_size=warm_plan.budget.batch_size, ordered=ordered)
+    started = time.monotonic()
     plan_id = submit_plan(replace(warm_plan, engine=name), name, options=options, queue=queue)
     console.print(f"submitted plan {plan_id}: {len(warm_plan.items)} items", highlight=False)
     if wait:
+        from tasks.warm import batch_results
+
         report = _follow(plan_id, timeout_s)
+        report = outcome(report, batch_results(plan_id), time.monotonic() - started)
         console.print_json(json.dumps(report))
-        if not report["done"]:
-            raise typer.Exit(1)
+        if not report["ok"]:  # not done, an item failed or a batch rolled back
+            # SystemExit, not typer.Exit: click run with standalone_mode=False (jobs.cli) turns
+            # an Exit into a return value that the console script drops
+            raise SystemExit(1)
 
 
 WAL_COLUMNS = ("txn", "plan", "batch", "engine", "state", "lease_left_s", "effects", "irreversible")

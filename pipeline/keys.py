@@ -129,6 +129,26 @@ def response_key(
     )
 
 
+def adapter_key(name: str) -> str:
+    """Key of a LoRA adapter item (a plan is per engine, so the name alone is its identity)."""
+    return f"adapter:{name}"
+
+
+def shape_key(profile: str) -> str:
+    """Key of a workload-shape item (``p<prompt bucket>-o<output bucket>``)."""
+    return f"shape:{profile}"
+
+
+def template_head_key(
+    model: str, tag: str, text: str, *, chat: bool = False, tenant: str = "default"
+) -> str:
+    """Key of a template head's prefix item: versioned by the template's tag, and by the
+    endpoint it is primed through (a chat rendering is other tokens than the plain text)."""
+    messages = [{"role": "system", "content": text}] if chat else None
+    content = content_hash(None if chat else text, messages)
+    return CacheKey("prefix", model, tag, params_hash({}), content, tenant).render()
+
+
 def encode_value(value: Mapping[str, Any]) -> str:
     """JSON text of a cached value."""
     return canonical_json(dict(value))

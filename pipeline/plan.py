@@ -1,31 +1,15 @@
-"""Warm-up plans (pure): items, budgets, scores, selection and priming order.
+"""Warm-up plans (pure data): items, budgets, engine costs, the plan and its JSON.
 
-An item's score is the engine time it saves in the next window, in seconds::
-
-    score = predicted_hits × (uncached prompt tokens × prefill s/token) × tenant weight
-            − warm_cost_weight × warm cost (its own prefill + a fixed per-request overhead)
-
-The warm cost is paid by the engine off the users' critical path (before traffic arrives), so it
-weighs far less than a user's wait (``warm_cost_weight`` well below 1): an item with expected
-hits is worth warming when there is room; the cost breaks ties, and the wall-time budget
-(charged the full warm cost) binds when warming time is short.
-
-Selection takes items by score under the budgets (item count, tokens = the engine's cache
-capacity, wall time at the engine's concurrency), gives every tenant at most its share of the
-count and token budgets, and keeps at least one representative of every workload profile.
-
-Order matters when the cache is smaller than the working set: an engine's LRU keeps what was
-primed *last*, so the plan primes the least valuable first and the most valuable (soonest
-needed) last. ``WarmPlan.items`` is in priming order.
+How candidates are scored, selected under the budgets and ordered for priming is
+:mod:`pipeline.planner_select`; where candidates come from is :mod:`pipeline.planning`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.errors import BadInputError
@@ -58,6 +42,8 @@ class WarmItem:
     engine's chat template renders them); ``params`` are extra request fields (sampling
     parameters for a response, ``max_tokens`` for a shape, ``add_special_tokens``...).
     ``next_use_s`` is the expected delay until first use, when a forecast knows it.
+    ``parent`` is the key of the shorter prefix this one extends (priming it warms the parent's
+    blocks too), when it has one.
     """
 
     kind: str
@@ -76,6 +62,7 @@ class WarmItem:
     params: Mapping[str, Any] = field(default_factory=dict)
     next_use_s: float | None = None
     token_ids: tuple[int, ...] | None = None
+    parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ITEM_KINDS:
@@ -119,8 +106,11 @@ class WarmItem:
 class PlanBudget:
     """Limits of one plan. ``max_tokens`` is the engine's cache capacity (None = unbounded).
 
-    With ``block_tokens`` (the engine's KV-cache block size) an item takes whole blocks of that
-    capacity: its prompt and the one token its priming request generates, rounded up.
+    With ``block_tokens`` (the engine's KV-cache block size) an item keeps the whole blocks of
+    its prompt in that capacity: its partial last block and the block of the token its priming
+    request generates hold nothing cached, and vLLM frees them to the front of its free queue,
+    to be reused by the next request (``BlockPool.free_blocks``), so they are one block in
+    flight for the whole plan, not one per item.
     """
 
     max_items: int = 100
@@ -131,10 +121,27 @@ class PlanBudget:
     block_tokens: int | None = None
 
     def cache_tokens(self, item: WarmItem) -> int:
-        """The share of the cache's capacity ``item`` takes once primed."""
+        """The share of the cache's capacity ``item`` keeps once primed: its whole blocks."""
         if not self.block_tokens or item.tokens <= 0:
             return item.tokens
-        return math.ceil((item.tokens + 1) / self.block_tokens) * self.block_tokens
+        return item.tokens // self.block_tokens * self.block_tokens
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """Capacity a priming request needs beyond what it keeps: its partial last block and
+        its output token's (one block)."""
+        return self.block_tokens or 0
+
+    def cached_tokens(self, item: WarmItem) -> int:
+        """Tokens of ``item`` a later request can find cached: whole blocks only, and never
+        the prompt's last token (an engine always computes at least one), as vLLM does."""
+        if not self.block_tokens or item.tokens <= 0:
+            return item.tokens
+        return (item.tokens - 1) // self.block_tokens * self.block_tokens
+
+    def cacheable(self, item: WarmItem) -> bool:
+        """False for a prefix the engine cannot cache (shorter than one block plus a token)."""
+        return item.kind != "prefix" or self.cached_tokens(item) > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,144 +217,3 @@ def new_plan_id() -> str:
 def warm_cost_s(item: WarmItem, cost: EngineCost) -> float:
     """Engine seconds one warm-up request for ``item`` takes."""
     return item.tokens * cost.prefill_s_per_token + cost.request_overhead_s
-
-
-def score_item(item: WarmItem, cost: EngineCost, weight: float = 1.0) -> float:
-    """Seconds ``item`` saves in the next window minus the weighted cost of warming it.
-
-    An adapter saves its load time once (on the first request), not per hit.
-    """
-    if item.kind == "adapter":
-        saved = cost.adapter_load_s if item.predicted_hits > 0 else 0.0
-        return saved * weight - cost.warm_cost_weight * cost.request_overhead_s
-    saved_per_hit = item.tokens * cost.prefill_s_per_token
-    if item.kind == "response":  # a cached answer saves the decode too
-        saved_per_hit += int(item.params.get("max_tokens", 16)) * cost.decode_s_per_token
-    return item.predicted_hits * saved_per_hit * weight - cost.warm_cost_weight * warm_cost_s(
-        item, cost
-    )
-
-
-@dataclass
-class _Tally:
-    """Running totals while selecting, overall and per tenant."""
-
-    items: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    per_tenant_items: dict[str, int] = field(default_factory=dict)
-    per_tenant_tokens: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class _Limits:
-    budget: PlanBudget
-    shares: Mapping[str, float]
-    cost: EngineCost
-
-    def fits(self, item: WarmItem, tally: _Tally) -> bool:
-        b, share = self.budget, self.shares.get(item.tenant, 1.0)
-        seconds = tally.seconds + warm_cost_s(item, self.cost) / max(1, b.concurrency)
-        if tally.items + 1 > b.max_items or seconds > b.max_seconds:
-            return False
-        if tally.per_tenant_items.get(item.tenant, 0) + 1 > math.ceil(b.max_items * share):
-            return False
-        if b.max_tokens is None:
-            return True
-        tokens = b.cache_tokens(item)
-        tenant_tokens = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
-        return tally.tokens + tokens <= b.max_tokens and tenant_tokens <= b.max_tokens * share
-
-
-def _take(item: WarmItem, tally: _Tally, cost: EngineCost, budget: PlanBudget) -> None:
-    tokens = budget.cache_tokens(item)
-    tally.items += 1
-    tally.tokens += tokens
-    tally.seconds += warm_cost_s(item, cost) / max(1, budget.concurrency)
-    tally.per_tenant_items[item.tenant] = tally.per_tenant_items.get(item.tenant, 0) + 1
-    tally.per_tenant_tokens[item.tenant] = tally.per_tenant_tokens.get(item.tenant, 0) + tokens
-
-
-def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:
-    """Least valuable first, most valuable (or soonest needed) last — an LRU keeps the last.
-
-    Items with a known ``next_use_s`` go by it (latest-needed first); the rest by score.
-    """
-
-    def rank(item: WarmItem) -> tuple[float, float, str]:
-        soon = -item.next_use_s if item.next_use_s is not None else -math.inf
-        return (soon, item.score, item.key)
-
-    return sorted(items, key=rank)
-
-
-def select_items(
-    candidates: Sequence[WarmItem],
-    budget: PlanBudget,
-    cost: EngineCost = EngineCost(),
-    weights: Mapping[str, float] | None = None,
-    shares: Mapping[str, float] | None = None,
-) -> tuple[list[WarmItem], int]:
-    """Score ``candidates``, pick what fits the budgets; return (items in priming order, dropped).
-
-    Profile representatives are taken first (the best-scoring item of each profile, even when
-    its score is negative); then the rest while the score is positive and the item fits. Under a
-    token budget the cache is a knapsack, so the rest go by score per token (the greedy that
-    saves the most seconds per token of cache); otherwise by score.
-    """
-    weights, limits = weights or {}, _Limits(budget, shares or {}, cost)
-    scored = [replace(c, score=score_item(c, cost, weights.get(c.tenant, 1.0))) for c in candidates]
-    scored.sort(key=lambda i: (-i.score, i.key))
-    if budget.max_tokens is not None:
-        scored.sort(key=lambda i: -i.score / max(1, budget.cache_tokens(i)))  # ties: score order
-    chosen: dict[str, WarmItem] = {}
-    tally = _Tally()
-    for item in _representatives(scored) + scored:
-        if item.key in chosen or (item.score <= 0 and item.profile is None):
-            continue
-        if item.score <= 0 and any(c.profile == item.profile for c in chosen.values()):
-            continue
-        if limits.fits(item, tally):
-            chosen[item.key] = item
-            _take(item, tally, cost, budget)
-    return priming_order(chosen.values()), len(candidates) - len(chosen)
-
-
-def _representatives(scored: Sequence[WarmItem]) -> list[WarmItem]:
-    """The best item of each workload profile (``scored`` is sorted best first)."""
-    best: dict[str, WarmItem] = {}
-    for item in scored:
-        if item.profile is not None:
-            best.setdefault(item.profile, item)
-    return list(best.values())
-
-
-def build_plan(
-    engine: str,
-    candidates: Sequence[WarmItem],
-    budget: PlanBudget,
-    cost: EngineCost = EngineCost(),
-    weights: Mapping[str, float] | None = None,
-    shares: Mapping[str, float] | None = None,
-    plan_id: str | None = None,
-) -> WarmPlan:
-    """A :class:`WarmPlan` for ``engine`` from scored candidates under ``budget``."""
-    items, dropped = select_items(candidates, budget, cost, weights, shares)
-    notes = (f"{len(items)} of {len(candidates)} candidates, {sum(i.tokens for i in items)} tok",)
-    return WarmPlan(plan_id or new_plan_id(), engine, tuple(items), budget, dropped, notes)
-
-
-def with_cache_salt(plan: WarmPlan, isolate_tenants: bool) -> WarmPlan:
-    """Give every item of a tenant-isolated engine vLLM's ``cache_salt`` (its tenant name).
-
-    With a salt, one tenant's cached blocks can never be hit by another tenant's prompt.
-    """
-    if not isolate_tenants:
-        return plan
-    items = tuple(
-        replace(item, params={**item.params, "cache_salt": item.tenant})
-        if item.kind in ("prefix", "response", "shape")
-        else item
-        for item in plan.items
-    )
-    return replace(plan, items=items)

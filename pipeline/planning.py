@@ -16,24 +16,38 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from pipeline.keys import response_key
-from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan, build_plan, with_cache_salt
+from pipeline.errors import BadInputError
+from pipeline.keys import adapter_key, response_key, shape_key, template_head_key
+from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planner_select import build_plan, with_cache_salt
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
-from pipeline.prefixes import detect_prefixes, prefix_items
+from pipeline.prefixes import detect_prefixes, prefix_items, present
 
 #: Prompt and output length buckets (tokens) that name a workload shape.
 PROMPT_BUCKETS = (128, 512, 2048, 8192)
 OUTPUT_BUCKETS = (16, 128, 512)
 
 
+#: Why a plan is made; the reason chooses candidates, scoring/budgets/order are the same.
+REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
+#: A prefix last used more than this many windows before the newest record is not planned.
+DEFAULT_RECENT_WINDOWS = 12
+
+
 @dataclass(frozen=True)
 class PlanRequest:
-    """Everything a plan is built from besides the records."""
+    """Everything a plan is built from besides the records.
+
+    ``reason`` says why the plan is made (:data:`REASONS`): ``replica`` adds one request per
+    workload shape (a fresh replica runs each once); ``template`` plans only the candidates the
+    caller passes (the changed templates' new heads, :func:`template_head_items`); the others
+    plan what the records suggest. ``recent_windows`` bounds how old a prefix may be.
+    """
 
     engine: str
     model: str | None = None
@@ -49,13 +63,30 @@ class PlanRequest:
     shapes: bool = False
     responses: bool = False
     embeddings: bool = False
+    reason: str = "cli"
+    recent_windows: int = DEFAULT_RECENT_WINDOWS
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise BadInputError(
+                f"unknown reason {self.reason!r} (one of {', '.join(REASONS)})", where="reason"
+            )
+
+
+def _count(value: object) -> int | None:
+    """A token count or length from a record: None when missing (None, NA, NaN) or not a
+    number; ``12.0`` (a count column read back as floats) is 12."""
+    if present(value) is None:
+        return None
+    try:
+        number = float(str(value))
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) else None
 
 
 def _bucket(value: object, edges: tuple[int, ...]) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:  # missing (NA, None, NaN): the smallest bucket
-        number = 0
+    number = _count(value) or 0  # missing: the smallest bucket
     return next((edge for edge in edges if number <= edge), edges[-1] * 4)
 
 
@@ -63,44 +94,73 @@ def adapter_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
     """One candidate per LoRA adapter the records used, hits = its requests."""
     if "adapter" not in records.columns:
         return []
-    counts = Counter(str(a) for a in records["adapter"].dropna() if str(a))
+    counts = Counter(name for a in records["adapter"] if (name := present(a)))
     return [
-        WarmItem("adapter", f"adapter:{name}", model or "", adapter=name, predicted_hits=float(n))
+        WarmItem("adapter", adapter_key(name), model or "", adapter=name, predicted_hits=float(n))
         for name, n in counts.items()
     ]
 
 
+def configured_adapter_items(names: Iterable[str], model: str) -> list[WarmItem]:
+    """Candidates for adapters an engine is configured to serve (a fresh replica loads them
+    before their first request); one predicted use each."""
+    return [
+        WarmItem("adapter", adapter_key(name), model, adapter=name, predicted_hits=1.0)
+        for name in dict.fromkeys(names)
+    ]
+
+
 def shape_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
-    """One representative request per (prompt length, output length) shape seen."""
-    shapes: dict[str, WarmItem] = {}
+    """One representative request per workload shape seen, hits = the shape's requests.
+
+    Where the records carry a ``profile`` column (a fitted workload profiler's labels, see
+    ``tasks.warm_plan.with_profiles``), a shape is a profile and its representative the request
+    closest to the profile's centre (lowest ``profile_distance``); otherwise a shape is a
+    (prompt length, output length) bucket and its representative the first request seen.
+    """
+    rows = [r for r in records.to_dict("records") if present(r.get("prompt")) is not None]
+    profiled = "profile" in records.columns and any(present(r.get("profile")) for r in rows)
+    shapes: dict[str, dict[str, object]] = {}
     counts: Counter[str] = Counter()
-    for row in records.to_dict("records"):
-        prompt = row.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            continue
-        p = _bucket(row.get("prompt_tokens"), PROMPT_BUCKETS)
+    for row in rows:
         o = _bucket(row.get("output_tokens"), OUTPUT_BUCKETS)
-        profile = f"p{p}-o{o}"
+        if profiled:
+            profile = present(row.get("profile")) or "unprofiled"
+        else:
+            profile = f"p{_bucket(row.get('prompt_tokens'), PROMPT_BUCKETS)}-o{o}"
         counts[profile] += 1
-        shapes.setdefault(profile, WarmItem(
-            "shape", f"shape:{profile}", model or str(row.get("model") or ""), text=prompt,
-            tokens=int(row.get("prompt_tokens") or 0), profile=profile,
-            params={"max_tokens": o, "ignore_eos": True},
-        ))  # fmt: skip
-    return [replace(item, predicted_hits=float(counts[k])) for k, item in shapes.items()]
+        best = shapes.get(profile)
+        if best is None or _distance(row) < _distance(best):
+            shapes[profile] = row
+    return [_shape_item(profile, row, model, float(counts[profile]))
+            for profile, row in shapes.items()]  # fmt: skip
+
+
+def _distance(row: Mapping[str, object]) -> float:
+    value = row.get("profile_distance")
+    return float(str(value)) if present(value) is not None else math.inf
+
+
+def _shape_item(profile: str, row: Mapping[str, object], model: str | None,
+                hits: float) -> WarmItem:  # fmt: skip
+    prompt = str(row["prompt"])
+    return WarmItem(
+        "shape", shape_key(profile), model or present(row.get("model")) or "", text=prompt,
+        tokens=_count(row.get("prompt_tokens")) or count_tokens(prompt), profile=profile,
+        predicted_hits=hits,
+        params={"max_tokens": _bucket(row.get("output_tokens"), OUTPUT_BUCKETS),
+                "ignore_eos": True},
+    )  # fmt: skip
 
 
 def _max_tokens(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:  # not logged: vLLM's completions default
-        return 16
+    return _count(value) or 16  # not logged: vLLM's completions default
 
 
 def _deterministic(row: Mapping[str, object]) -> bool:
-    temperature = row.get("temperature")
+    temperature = present(row.get("temperature"))
     try:
-        return float(str(temperature)) == 0.0
+        return temperature is not None and float(temperature) == 0.0
     except ValueError:  # unknown sampling: not safe to cache its answer
         return False
 
@@ -111,13 +171,14 @@ def response_items(
     """Prompts asked at least ``min_count`` times with greedy sampling: their answers (or, with
     ``kind='embedding'``, their embeddings) can be cached under a versioned key. The key's
     parameters are ``{"temperature": 0.0, "max_tokens": <as requested>}``, so a client asking
-    the same way finds the entry (:func:`pipeline.keys.response_key`)."""
+    the same way finds the entry (:func:`pipeline.keys.response_key`). A missing tenant is
+    ``default`` and a missing template ``none`` (never the text of a missing value)."""
     counts: Counter[tuple[str, str, str, int]] = Counter()
     for row in records.to_dict("records"):
-        prompt = row.get("prompt")
-        if isinstance(prompt, str) and prompt and _deterministic(row):
-            template = str(row.get("template") or "none")
-            tenant = str(row.get("tenant") or "default")
+        prompt = present(row.get("prompt"))
+        if prompt is not None and _deterministic(row):
+            template = present(row.get("template")) or "none"
+            tenant = present(row.get("tenant")) or "default"
             counts[(prompt, template, tenant, _max_tokens(row.get("max_tokens")))] += 1
     items = []
     for (prompt, template, tenant, max_tokens), n in counts.items():
@@ -132,21 +193,87 @@ def response_items(
     return items
 
 
-def candidates(
+@dataclass(frozen=True)
+class TemplateHead:
+    """A prompt template's static head (the text every rendering starts with), its version tag
+    (``<template id>@<version>``), how hot it is, and the endpoints its users call."""
+
+    tag: str
+    text: str
+    hotness: float = 0.0
+    endpoints: tuple[str, ...] = ("completions", "chat")
+    tenant: str = "default"
+
+
+def template_head_items(heads: Iterable[TemplateHead], model: str) -> list[WarmItem]:
+    """Candidates for template heads (a template change, a fresh replica): per head, one
+    completions item (its text) and one chat item (its text as the system message, through the
+    engine's chat template, as chat users send it) for each endpoint its users call."""
+    items = []
+    for head in heads:
+        for endpoint in head.endpoints:
+            chat = endpoint == "chat"
+            items.append(WarmItem(
+                "prefix", template_head_key(model, head.tag, head.text, chat=chat,
+                                            tenant=head.tenant),
+                model, text=None if chat else head.text,
+                messages=({"role": "system", "content": head.text},) if chat else None,
+                endpoint="chat" if chat else "completions", tenant=head.tenant,
+                tokens=count_tokens(head.text), predicted_hits=head.hotness, template=head.tag,
+            ))  # fmt: skip
+    return items
+
+
+def _span(records: pd.DataFrame, window_s: int) -> tuple[int, int] | None:
+    if "ts" not in records.columns or records["ts"].isna().all():
+        return None
+    ts = pd.to_datetime(records["ts"], utc=True).dropna()
+    return int(ts.min().timestamp() // window_s), int(ts.max().timestamp() // window_s)
+
+
+def _min_tokens(request: PlanRequest) -> int:
+    """Estimated tokens of the shortest prefix the engine can cache: a block and a token."""
+    return (request.budget.block_tokens or request.block_size) + 1
+
+
+def prefix_candidates(
     records: pd.DataFrame, request: PlanRequest, forecast: Mapping[str, float] | None = None
 ) -> list[WarmItem]:
-    """Every warm-up candidate the records suggest, with predicted hits."""
+    """The records' prefix tree as candidates, those used within ``recent_windows``."""
     found = detect_prefixes(
         records, min_count=request.min_count, block_size=request.block_size,
-        window_s=request.window_s,
+        window_s=request.window_s, min_tokens=_min_tokens(request),
     )  # fmt: skip
-    items = prefix_items(found, forecast, request.window_s)
+    span = _span(records, request.window_s)
+    if span is not None:
+        oldest = span[1] - request.recent_windows
+        found = [p for p in found if not p.windows or max(p.windows) >= oldest]
+    items = prefix_items(found, forecast, request.window_s, span)
     if request.model:
         items = [i for i in items if i.model in (request.model, "unknown")]
         items = [replace(i, model=request.model) for i in items]
+    return items
+
+
+def candidates(
+    records: pd.DataFrame,
+    request: PlanRequest,
+    forecast: Mapping[str, float] | None = None,
+    *,
+    extra: Sequence[WarmItem] = (),
+) -> list[WarmItem]:
+    """Every warm-up candidate for ``request.reason``, with predicted hits.
+
+    ``extra`` are candidates the caller knows of (template heads, configured adapters); they
+    are scored like the rest. A ``template`` plan takes only those.
+    """
+    items = list(extra)
+    if request.reason == "template":
+        return items
+    items += prefix_candidates(records, request, forecast)
     if request.adapters:
         items += adapter_items(records, request.model)
-    if request.shapes:
+    if request.shapes or request.reason == "replica":
         items += shape_items(records, request.model)
     if request.responses:
         items += response_items(records, request.model, request.min_count)
@@ -206,4 +333,5 @@ def plan_from_candidates(
         request.engine, items, request.budget, request.cost, request.weights, request.shares,
         plan_id,
     )  # fmt: skip
+    plan = replace(plan, notes=(f"reason: {request.reason}", *plan.notes))
     return with_cache_salt(plan, request.isolate_tenants)

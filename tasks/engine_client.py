@@ -150,6 +150,41 @@ class EngineClient:
             raise EngineUnavailableError(f"{self._where('/v1/models')}: {response.status_code}")
         return {card["id"] for card in response.json().get("data", [])}
 
+    def metric_samples(self, names: frozenset[str]) -> list[tuple[str, dict[str, str], float]]:
+        """Samples named in ``names`` from the engine's ``/metrics`` as (name, labels, value);
+        empty when the engine has no metrics route or does not answer with Prometheus text."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            response = self.http.get("/metrics")
+        except httpx.TransportError:
+            return []
+        if response.status_code >= 400:
+            return []
+        try:
+            return [
+                (sample.name, dict(sample.labels), sample.value)
+                for family in text_string_to_metric_families(response.text)
+                for sample in family.samples
+                if sample.name in names
+            ]
+        except ValueError:  # not Prometheus text
+            return []
+
+    def prefix_cache_queries(self) -> float | None:
+        """``vllm:prefix_cache_queries_total`` from the engine's ``/metrics`` (tokens looked up in
+        its prefix cache so far), or None when the engine publishes no such counter. vLLM counts
+        lookups only while prefix caching is on, so a count above 0 says the cache keeps what the
+        engine computes."""
+        samples = self.metric_samples(frozenset({"vllm:prefix_cache_queries_total"}))
+        return sum(value for _, _, value in samples) if samples else None
+
+    def cache_config(self) -> dict[str, str] | None:
+        """The labels of vLLM's ``vllm:cache_config_info`` (``block_size``, ``num_gpu_blocks``,
+        ``enable_prefix_caching``, ...), or None when the engine publishes none."""
+        samples = self.metric_samples(frozenset({"vllm:cache_config_info"}))
+        return samples[0][1] if samples else None
+
     def load_adapter(self, name: str, path: str) -> None:
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
 

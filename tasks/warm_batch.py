@@ -95,6 +95,7 @@ def _summary(
         "ok": len(results) - len(failed),
         "failed": len(failed),
         "failures": [f"{r.key}: {r.detail}" for r in failed[:5]],
+        "verified_by_prime": sum(1 for r in results if r.ok and r.verified_by == "prime"),
         "seconds": round(time.perf_counter() - started, 4),
         "pid": os.getpid(),
         "engine_requests": ctx.engine.requests - ctx.requests_at_start,

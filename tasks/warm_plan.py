@@ -15,9 +15,11 @@ in the engine's units; when the engine does not answer, the pseudo-token estimat
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
@@ -111,8 +113,10 @@ def plan_request(
     shapes: bool = False,
     responses: bool = False,
     embeddings: bool = False,
+    reason: str = "cli",
 ) -> PlanRequest:
-    """The pure plan request for a configured engine, budgets overridable."""
+    """The pure plan request for a configured engine, budgets overridable; ``reason`` is why
+    the plan is made (``pipeline.planning.REASONS``)."""
     engine = settings.engine(engine_name)
     b = settings.budget
     budget = PlanBudget(
@@ -129,7 +133,7 @@ def plan_request(
         weights={t.name: t.weight for t in settings.tenants},
         shares={t.name: t.budget_share for t in settings.tenants},
         isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
-        shapes=shapes, responses=responses, embeddings=embeddings,
+        shapes=shapes, responses=responses, embeddings=embeddings, reason=reason,
     )  # fmt: skip
 
 
@@ -173,6 +177,79 @@ def measure_tokens(
     return counts
 
 
+def engine_cache(engine: EngineSettings, transport: httpx.BaseTransport | None = None
+                 ) -> tuple[int, int] | None:  # fmt: skip
+    """(block size, number of blocks) of the engine's KV cache as vLLM publishes them
+    (``vllm:cache_config_info``), or None when it does not (not vLLM, not up, not yet sized)."""
+    client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=1),
+                          transport=transport)  # fmt: skip
+    try:
+        labels = client.cache_config() or {}
+    finally:
+        client.close()
+    try:
+        block, blocks = int(labels["block_size"]), int(labels["num_gpu_blocks"])
+    except (KeyError, ValueError):  # absent, or "None" before the engine sized its cache
+        return None
+    return (block, blocks) if block > 0 and blocks > 1 else None
+
+
+def with_engine_cache(
+    request: PlanRequest, cache: tuple[int, int] | None
+) -> tuple[PlanRequest, str]:
+    """``request`` with the block size and capacity the engine published where the settings
+    name neither (``cache_block_tokens``, ``cache_tokens``), and a note saying which were used.
+    The capacity leaves out vLLM's null block."""
+    budget = request.budget
+    if cache is None:
+        return request, "cache: as configured"
+    block, blocks = cache
+    capacity = budget.max_tokens if budget.max_tokens is not None else (blocks - 1) * block
+    filled = replace(budget, block_tokens=budget.block_tokens or block, max_tokens=capacity)
+    return (replace(request, budget=filled),
+            f"cache: {blocks} blocks of {block} tokens (the engine's /metrics)")  # fmt: skip
+
+
+#: Fewer requests with a prompt than this and workload profiles are not fitted (length buckets
+#: name the shapes instead).
+MIN_PROFILED = 50
+
+
+def with_profiles(records: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """``records`` labelled with workload profiles (``models.profiles``): ``profile`` and
+    ``profile_distance`` (to its centre), so each profile's representative is a shape item; and
+    a note for the plan. Unchanged when there are too few requests or the fit fails."""
+    from models.profiles import WorkloadProfiler
+
+    usable = records[records["prompt"].notna()] if "prompt" in records.columns else records[:0]
+    if len(usable) < MIN_PROFILED:
+        return records, "shapes: length buckets (too few requests to profile)"
+    try:
+        profiler = WorkloadProfiler().fit(usable)
+        labels = profiler.predict(usable)
+        representatives = profiler.representatives(usable)
+    except (PrewarmError, ValueError) as exc:
+        log.info("workload profiles unavailable (%s); length buckets name the shapes", exc)
+        return records, "shapes: length buckets (profiles unavailable)"
+    out = records.copy()
+    out["profile"] = pd.Series([None] * len(out), index=out.index, dtype="object")
+    out.loc[usable.index, "profile"] = [f"profile-{k}" for k in labels]
+    out["profile_distance"] = 1.0
+    chosen = usable.index[[_row_of(usable, r) for r in representatives.to_dict("records")]]
+    out.loc[chosen, "profile_distance"] = 0.0
+    return out, f"shapes: {profiler.n_profiles_} workload profiles, one representative each"
+
+
+def _row_of(frame: pd.DataFrame, row: dict[str, object]) -> int:
+    """Position in ``frame`` of the representative ``row`` (same request id, else same prompt)."""
+    for column in ("request_id", "prompt"):
+        if column in frame.columns and row.get(column) is not None:
+            hits = (frame[column] == row[column]).to_numpy().nonzero()[0]
+            if len(hits):
+                return int(hits[0])
+    return 0
+
+
 def plan_for_engine(
     records: pd.DataFrame,
     request: PlanRequest,
@@ -180,20 +257,32 @@ def plan_for_engine(
     forecast: str = "auto",
     engine: EngineSettings | None = None,
     models_root: Path | None = None,
+    *,
+    extra: Sequence[WarmItem] = (),
 ) -> WarmPlan:
     """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``.
 
     With ``engine`` given, token counts are measured through its tokenizer before budgeting;
     with ``models_root`` (``<data_dir>/models``) a saved forecaster is preferred to fitting one.
+    ``extra`` are candidates the caller knows of (``pipeline.planning.template_head_items``,
+    ``configured_adapter_items``), scored with the rest; a ``template`` plan takes only those.
+    A plan with shapes (``request.shapes`` or reason ``replica``) has one per workload profile.
     """
     learned = None
     if forecast != "frequency" and windows is not None:
         learned = learned_forecast(windows, models_root)
         if learned is None and forecast == "model":
             raise BadInputError("the learned forecast is unavailable", where=str(windows))
-    items = candidates(records, request, learned[0] if learned else None)
+    notes = [f"forecast: model ({learned[1]})" if learned else "forecast: frequency"]
+    budget = request.budget
+    if engine is not None and (budget.block_tokens is None or budget.max_tokens is None):
+        request, note = with_engine_cache(request, engine_cache(engine))
+        notes.append(note)
+    if request.shapes or request.reason == "replica":
+        records, note = with_profiles(records)
+        notes.append(note)
+    items = candidates(records, request, learned[0] if learned else None, extra=extra)
     counts = measure_tokens(items, engine) if engine is not None else {}
     plan = plan_from_candidates(items, request, token_counts=counts)
-    notes = [f"forecast: model ({learned[1]})" if learned else "forecast: frequency"]
     notes.append(f"tokens: measured {len(counts)} by the engine" if counts else "tokens: estimated")
     return replace(plan, notes=(*plan.notes, *notes))

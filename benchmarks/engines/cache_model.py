@@ -41,10 +41,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pandas as pd
 from jinja2 import Template as JinjaTemplate
 
 from benchmarks.engines.engine import CPU_BLOCK_TOKENS, vllm_model
 from benchmarks.engines.workload import Request, Workload, build_workload
+from pipeline.plan import PlanBudget, WarmItem, WarmPlan
+from pipeline.planning import PlanRequest, candidates, plan_from_candidates
+from pipeline.records import records_frame
 
 USABLE_BLOCKS = 63
 
@@ -69,10 +73,12 @@ class Tokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text, False))
 
-    def chat(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-        text = self.chat_template.render(messages=messages, bos_token="<s>", eos_token="</s>",
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool = True) -> str:
+        return self.chat_template.render(messages=messages, bos_token="<s>", eos_token="</s>",
                                          add_generation_prompt=generation_prompt)  # fmt: skip
-        return self.encode(text, False)
+
+    def chat(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+        return self.encode(self.render(messages, generation_prompt), False)
 
 
 class FreeQueueCache:
@@ -133,6 +139,7 @@ class Prompts:
 
     workload: Workload
     tokenizer: Tokenizer
+    usable_blocks: int = USABLE_BLOCKS
     _ids: dict[Request | int, list[int]] = field(default_factory=dict)
 
     def request(self, request: Request) -> list[int]:
@@ -172,7 +179,7 @@ Priming = list[list[int]]
 
 def first_use_hits(prompts: Prompts, future: Sequence[Request], priming: Priming) -> int:
     """Replay ``priming`` then ``future`` on an empty cache; count first uses with a hit."""
-    cache = FreeQueueCache()
+    cache = FreeQueueCache(prompts.usable_blocks)
     for ids in priming:
         cache.request(ids, 1)
     seen: set[int] = set()
@@ -189,7 +196,7 @@ def fill(prompts: Prompts, ranked: Sequence[int]) -> list[int]:
     """Of ``ranked`` (best first), those whose heads fit the cache together, best first."""
     chosen, used = [], 0
     for index in ranked:
-        if used + prompts.blocks(index) <= USABLE_BLOCKS:
+        if used + prompts.blocks(index) <= prompts.usable_blocks:
             chosen.append(index)
             used += prompts.blocks(index)
     return chosen
@@ -210,7 +217,7 @@ def oracle(prompts: Prompts, history: Sequence[Request], future: Sequence[Reques
     chosen, used = [], 0
     for index in dict.fromkeys(r.template for r in future):
         blocks = len(prompts.head(index)) // CPU_BLOCK_TOKENS
-        if used + blocks > USABLE_BLOCKS:
+        if used + blocks > prompts.usable_blocks:
             break
         chosen.append(index)
         used += blocks
@@ -235,12 +242,69 @@ def known_popularity(prompts: Prompts, history: Sequence[Request], _: Sequence[R
     return fill_by_rank(prompts, by_popularity(prompts))
 
 
+def replay_newest(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    """The hand-rolled replay: group the logged prompts by their head (template), re-send the
+    newest prompt of each group, in log order."""
+    newest = {r.template: n for n, r in enumerate(history)}
+    return [prompts.request(history[n]) for n in sorted(newest.values())]
+
+
+def history_records(prompts: Prompts, history: Sequence[Request]) -> pd.DataFrame:
+    """The history as ``prewarm ingest`` reads it from vLLM's DEBUG log: the prompt as the
+    engine rendered it (chat through the model's chat template), the endpoint from the id."""
+    start = pd.Timestamp("2026-01-01T00:00:00Z")
+    rows = []
+    for n, request in enumerate(history):
+        head = prompts.workload.templates[request.template].text
+        if request.endpoint == "chat":
+            messages = [{"role": "system", "content": head},
+                        {"role": "user", "content": request.user}]  # fmt: skip
+            prompt, endpoint = prompts.tokenizer.render(messages), "/v1/chat/completions"
+        else:
+            prompt, endpoint = f"{head}\n\nQuestion: {request.user}\nAnswer:", "/v1/completions"
+        rows.append({"ts": start + pd.Timedelta(seconds=n), "model": "tiny-llama",
+                     "endpoint": endpoint, "prompt": prompt, "source": "vllm"})  # fmt: skip
+    return records_frame(rows)
+
+
+def planner_request(blocks: int) -> PlanRequest:
+    """What ``tasks.warm_plan.plan_request`` makes of the benchmark's settings file for a cache
+    of ``blocks`` blocks (vLLM's null block left out)."""
+    budget = PlanBudget(max_items=100, max_tokens=(blocks - 1) * CPU_BLOCK_TOKENS,
+                        max_seconds=300.0, concurrency=1, batch_size=4,
+                        block_tokens=CPU_BLOCK_TOKENS)  # fmt: skip
+    return PlanRequest(engine="vllm-cpu", model="tiny-llama", budget=budget)
+
+
+def item_ids(prompts: Prompts, item: WarmItem) -> list[int]:
+    """Token ids the engine computes for a plan item's priming request."""
+    return prompts.tokenizer.encode(item.text or "", bool(item.params.get("add_special_tokens",
+                                                                          True)))  # fmt: skip
+
+
+def plan_of(prompts: Prompts, history: Sequence[Request], blocks: int) -> WarmPlan:
+    """prewarm's plan for the history: the one planner, token counts by the model's tokenizer
+    (what ``POST /tokenize`` answers in the real run)."""
+    request = planner_request(blocks)
+    found = candidates(history_records(prompts, history), request)
+    counts = {item.key: len(item_ids(prompts, item)) for item in found if item.text is not None}
+    return plan_from_candidates(found, request, token_counts=counts)
+
+
+def prewarm(prompts: Prompts, history: Sequence[Request], _: Sequence[Request]) -> Priming:
+    """prewarm's arm: its plan's items, primed in plan order."""
+    plan = plan_of(prompts, history, prompts.usable_blocks + 1)
+    return [item_ids(prompts, item) for item in plan.items]
+
+
 POLICIES = {
     "oracle": oracle,
     "resend_logged": resend_logged,
     "prime_all_seen": prime_all_seen,
     "frequency": frequency,
     "known_popularity": known_popularity,
+    "replay_newest": replay_newest,
+    "prewarm": prewarm,
 }
 
 
@@ -267,7 +331,7 @@ def best_static(prompts: Prompts, training: Sequence[Sequence[Request]]) -> list
         return sum(first_use_hits(prompts, future, priming) for future in training)
 
     def fits(chosen: Sequence[int]) -> bool:
-        return sum(prompts.blocks(i) for i in chosen) <= USABLE_BLOCKS
+        return sum(prompts.blocks(i) for i in chosen) <= prompts.usable_blocks
 
     best = fill(prompts, by_popularity(prompts))
     best_hits, improved = hits(best), True
@@ -281,34 +345,62 @@ def best_static(prompts: Prompts, training: Sequence[Sequence[Request]]) -> list
     return sorted(best, key=lambda i: weights[i])
 
 
-def evaluate(seeds: int, extra_futures: int, search: bool = False) -> dict:
-    """First-use hits per policy, summed over seeds and futures, and each policy's share of the
-    oracle's hits. With ``search``, also the best static set found on other futures."""
+def evaluate(
+    seeds: int, extra_futures: int, search: bool = False, *, blocks: int = USABLE_BLOCKS + 1,
+    n_history: int = 128, n_future: int = 48,
+) -> dict:  # fmt: skip
+    """First-use hits per policy, summed over seeds and futures, each policy's share of the
+    oracle's hits, warm-up prompt tokens per policy, and the futures where prewarm got fewer
+    first-use hits than the hand-rolled replay. With ``search``, also the best static set."""
     tokenizer = Tokenizer.load()
     totals: Counter[str] = Counter()
-    per_seed = []
+    tokens: Counter[str] = Counter()
+    per_seed, behind = [], []
     names = [*POLICIES, "best_static"] if search else list(POLICIES)
     for seed in range(seeds):
-        workload = build_workload(tokenizer.count, seed=seed)
-        prompts = Prompts(workload, tokenizer)
+        workload = build_workload(tokenizer.count, n_history=n_history, n_future=n_future,
+                                  seed=seed)  # fmt: skip
+        prompts = Prompts(workload, tokenizer, usable_blocks=blocks - 1)
         row: Counter[str] = Counter()
         static = None
         if search:
             training = futures(workload, extra_futures, f"training-{seed}")[1:]
             static = [prompts.head(i) for i in best_static(prompts, training)]
-        for future in futures(workload, extra_futures, f"futures-{seed}"):
+        for n, future in enumerate(futures(workload, extra_futures, f"futures-{seed}")):
             row["first_uses"] += len({r.template for r in future})
+            hits = {}
             for name, policy in POLICIES.items():
-                row[name] += first_use_hits(
-                    prompts, future, policy(prompts, workload.history, future)
-                )
+                priming = policy(prompts, workload.history, future)
+                hits[name] = first_use_hits(prompts, future, priming)
+                if n == 0:
+                    tokens[name] += sum(len(ids) for ids in priming)
+            row.update(hits)
+            if hits["prewarm"] < hits["replay_newest"]:
+                behind.append({"seed": seed, "future": n, **hits})
             if static is not None:
                 row["best_static"] += first_use_hits(prompts, future, static)
         per_seed.append({"seed": seed, **row})
         totals.update(row)
     share = {name: round(totals[name] / max(1, totals["oracle"]), 3) for name in names}
-    return {"seeds": seeds, "futures_per_seed": extra_futures + 1, "totals": dict(totals),
-            "share_of_oracle": share, "per_seed": per_seed}  # fmt: skip
+    return {"seeds": seeds, "futures_per_seed": extra_futures + 1, "blocks": blocks,
+            "totals": dict(totals), "share_of_oracle": share,
+            "warm_prompt_tokens_per_seed": {k: round(v / seeds) for k, v in tokens.items()},
+            "prewarm_behind_replay": behind, "per_seed": per_seed}  # fmt: skip
+
+
+def table(result: dict) -> str:
+    """The result as a Markdown table: per policy, first-use hits (of all first uses), share of
+    the oracle, warm-up prompt tokens per seed (own future)."""
+    first = result["totals"]["first_uses"]
+    lines = [f"blocks={result['blocks']}  seeds={result['seeds']}  "
+             f"futures/seed={result['futures_per_seed']}  first uses={first}",
+             "| policy | first-use hits | share of oracle | warm-up prompt tokens / seed |",
+             "|---|---|---|---|"]  # fmt: skip
+    for name, share in result["share_of_oracle"].items():
+        warm = result["warm_prompt_tokens_per_seed"].get(name, "-")
+        lines.append(f"| {name} | {result['totals'][name]} | {share} | {warm} |")
+    lines.append(f"futures where prewarm < replay_newest: {len(result['prewarm_behind_replay'])}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -316,8 +408,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--futures", type=int, default=12, help="extra futures per seed")
     parser.add_argument("--search", action="store_true", help="also search the best static set")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=USABLE_BLOCKS + 1,
+        help="cache blocks (--num-gpu-blocks-override; 1024 = the fits setting)",
+    )
+    parser.add_argument("--history", type=int, default=128)
+    parser.add_argument("--future", type=int, default=48)
+    parser.add_argument("--json", action="store_true", help="the whole result as JSON")
     args = parser.parse_args(argv)
-    print(json.dumps(evaluate(args.seeds, args.futures, args.search), indent=1))
+    result = evaluate(args.seeds, args.futures, args.search, blocks=args.blocks,
+                      n_history=args.history, n_future=args.future)  # fmt: skip
+    print(json.dumps(result, indent=1) if args.json else table(result))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ def settings_toml(url: str, model: str, cache_tokens: int | None) -> str:
         'kind = "vllm"',
         "max_concurrency = 1",
     ]
+    # The block size is known whatever the capacity: an item shorter than a block is never planned.
+    lines.append(f"cache_block_tokens = {CPU_BLOCK_TOKENS}")
     if cache_tokens is not None:
-        lines += [f"cache_tokens = {cache_tokens}", f"cache_block_tokens = {CPU_BLOCK_TOKENS}"]
+        lines.append(f"cache_tokens = {cache_tokens}")
     lines += ["", "[budget]", "max_items = 100", "max_seconds = 300.0", "batch_size = 4", ""]
     return "\n".join(lines)
 
@@ -46,8 +48,11 @@ class PrewarmRun:
     env: dict[str, str]
     commands: list[str] = field(default_factory=list)
 
-    def cli(self, *args: str, timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
-        """Run ``prewarm ARGS`` (the installed console script's module) and keep its output."""
+    def cli(
+        self, *args: str, timeout: float = 900.0, ok: tuple[int, ...] = (0,)
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``prewarm ARGS`` (the installed console script's module) and keep its output;
+        an exit status outside ``ok`` fails the run."""
         cmd = [sys.executable, "-c", "from jobs.cli import main; main()", *args]
         self.commands.append("prewarm " + " ".join(args))
         done = subprocess.run(
@@ -58,7 +63,7 @@ class PrewarmRun:
             handle.write(
                 f"$ prewarm {' '.join(args)}\n{done.stdout}{done.stderr}rc={done.returncode}\n"
             )
-        if done.returncode != 0:
+        if done.returncode not in ok:
             raise RuntimeError(
                 f"prewarm {args[0]} failed ({done.returncode}): {done.stderr[-2000:]}"
             )
@@ -74,22 +79,35 @@ def warm_with_prewarm(run: PrewarmRun, history_log: Path, ctx: WarmContext) -> i
     """
     records, plan = run.work_dir / "records", run.work_dir / "plan.json"
     steps: dict[str, float] = {}
+    printed = ""
     for step, args in (
         ("ingest", ("ingest", str(history_log), "--out", str(records))),
         ("plan", ("plan", "--from", str(records), "--engine", ENGINE_NAME, "--out", str(plan))),
         ("warm", ("warm", "--plan", str(plan), "--engine", ENGINE_NAME, "--ordered")),
     ):
         started = time.monotonic()
-        run.cli(*args)
+        # `prewarm warm` exits 1 when an item failed: the run goes on and the summary says so
+        printed = run.cli(*args, ok=(0, 1) if step == "warm" else (0,)).stdout
         steps[step] = round(time.monotonic() - started, 2)
     items = plan_items(plan)
     summary = {
         "seconds": steps,
         "items": len(items),
         "plan_tokens": sum(i["tokens"] for i in items),
+        "notes": json.loads(plan.read_text()).get("notes", []) if plan.exists() else [],
+        "warm_report": _printed_report(printed),
     }
     (run.work_dir / "warm-summary.json").write_text(json.dumps(summary, indent=1))
     return len(items)
+
+
+def _printed_report(stdout: str) -> dict:
+    """The JSON report ``prewarm warm`` prints last (empty when it printed none)."""
+    start = stdout.rfind("\n{")
+    try:
+        return dict(json.loads(stdout[start + 1 :])) if start >= 0 else {}
+    except ValueError:
+        return {}
 
 
 def plan_items(plan_path: Path) -> list[dict]:

@@ -6,6 +6,8 @@
   knows the prefixes but not their value.
 - ``resend_logged``: every logged history request sent again, in logged order, with
   ``max_tokens=1`` — the naive "replay the log".
+- ``replay_newest``: what operators hand-roll today — group the logged prompts by their head
+  (the template), re-send the newest prompt of each group with ``max_tokens=1``, in log order.
 - ``oracle``: knows the future. Takes templates in the order of their first use after the restart
   while their whole blocks fit the cache, and primes them in reverse, so the soonest-needed is
   primed last (an LRU cache evicts it last).
@@ -59,6 +61,17 @@ def resend_logged(ctx: WarmContext) -> int:
     return len(w.history)
 
 
+def replay_newest(ctx: WarmContext) -> int:
+    """Re-send the newest logged request of each template, in log order, ``max_tokens=1``."""
+    w = ctx.workload
+    newest = {request.template: n for n, request in enumerate(w.history)}
+    with httpx.Client(base_url=ctx.url, timeout=300.0) as client:
+        for n in sorted(newest.values()):
+            request = w.history[n]
+            stream(client, PATHS[request.endpoint], request.body(w.templates, ctx.model, 1))
+    return len(newest)
+
+
 def template_blocks(client: httpx.Client, template: Template, model: str, block: int) -> int:
     """Whole cache blocks of ``template``'s head as the engine tokenizes it (``/tokenize``)."""
     if template.endpoint == "chat":
@@ -99,5 +112,6 @@ REFERENCES: dict[str, WarmUp] = {
     "none": no_warmup,
     "prime_all_seen": prime_all_seen,
     "resend_logged": resend_logged,
+    "replay_newest": replay_newest,
     "oracle": oracle,
 }

@@ -9,9 +9,11 @@ What runs (see ``../shared/ENGINES.md`` for the engine and the locally built mod
 2. For each arm the server is restarted (its cache is empty, as after a deploy), the arm warms it
    (or not), then the *future* traffic is replayed one request at a time, streaming.
    Arms: ``prewarm`` (``prewarm ingest`` of the history log → ``prewarm plan`` → ``prewarm warm``,
-   on a real Celery worker against the test Redis), ``none`` (the control) and, where the cache
-   is smaller than the working set, ``prime_all_seen``, ``resend_logged`` and ``oracle``
-   (:mod:`benchmarks.engines.references`).
+   on a real Celery worker against the test Redis), ``none`` (the control), ``replay_newest``
+   (the hand-rolled replay: the newest logged prompt of each template re-sent), ``resend_logged``
+   and, where the cache is smaller than the working set, ``prime_all_seen`` and ``oracle``
+   (:mod:`benchmarks.engines.references`). What each warm-up cost the engine (prompt tokens,
+   requests) is read from its ``/metrics`` before the future is replayed.
 3. For each template's first request after the restart (the requests a cold start hurts): was it
    served from cache (``usage.prompt_tokens_details.cached_tokens > 0``) and its time to first
    token.
@@ -23,7 +25,8 @@ both baselines).
 
 Run from the repository root, in the project venv, with the test Redis::
 
-    PREWARM_TEST_REDIS_DB=12 python -m benchmarks.engines.vllm_cold_start --setting both
+    PREWARM_TEST_REDIS_DB=12 python -m benchmarks.engines.vllm_cold_start --setting both \\
+        --seeds 0,1,2 --arms prewarm,replay_newest
 
 Timings on a shared 2-core machine vary by about ±15 %; hits are exact. The load average is
 recorded with the results.
@@ -54,8 +57,13 @@ from benchmarks.engines.workload import Workload, build_workload
 
 #: The default 2 GiB KV cache of this model holds 1024 blocks of 128 tokens.
 SETTINGS: dict[str, tuple[int | None, tuple[str, ...]]] = {
-    "fits": (None, ("none", "prewarm")),
-    "half": (64, ("none", "prewarm", "prime_all_seen", "resend_logged", "oracle")),
+    "fits": (None, ("none", "prewarm", "replay_newest", "resend_logged")),
+    "half": (64, ("none", "prewarm", "replay_newest", "prime_all_seen", "resend_logged", "oracle")),
+}
+#: Engine counters read from ``/metrics`` after the warm-up (the same for every arm).
+COUNTERS = {
+    "vllm:prompt_tokens_total": "warm_prompt_tokens",
+    "vllm:request_success_total": "warm_engine_requests",
 }
 
 
@@ -75,11 +83,28 @@ class ArmResult:
     warm_s: float
     ready_s: float
     load: str
+    warm_prompt_tokens: int = 0
+    warm_engine_requests: int = 0
 
 
 def load_average() -> str:
     """The 1/5/15-minute load average (the machine is shared)."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def engine_counters(url: str) -> dict[str, int]:
+    """Prompt tokens computed and requests finished so far, from the engine's ``/metrics``
+    (summed over labels): what a warm-up cost the engine, whoever sent it."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    out = dict.fromkeys(COUNTERS.values(), 0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in COUNTERS:
+                out[COUNTERS[sample.name]] += int(sample.value)
+    return out
 
 
 def token_counter():
@@ -143,12 +168,13 @@ class Harness:
             started = time.monotonic()
             warm_requests = warm(self.context(server.url))
             warm_s = time.monotonic() - started
+            counters = engine_counters(server.url)
             served = replay(server.url, self.workload.future, self.workload.templates, SERVED_NAME)
         finally:
             server.stop()
         return summarize(
             arm, served, self.workload, warm_requests=warm_requests, warm_s=round(warm_s, 2),
-            ready_s=round(ready_s, 1), load=load_average(),
+            ready_s=round(ready_s, 1), load=load_average(), **counters,
         )  # fmt: skip
 
 
@@ -164,11 +190,15 @@ def make_prewarm(harness: Harness, history_log: Path):
     return run, config, lambda ctx: warm_with_prewarm(run, history_log, ctx)
 
 
-def run_setting(setting: str, out: Path, workload: Workload, arms: Sequence[str]) -> dict:
-    """Serve the history, then every arm on a restarted engine; return the results."""
+def run_setting(
+    setting: str, out: Path, workload: Workload, arms: Sequence[str],
+    history_log: Path | None = None,
+) -> dict:  # fmt: skip
+    """Serve the history (unless its log is given), then every arm on a restarted engine;
+    return the results."""
     harness = Harness(setting, out, workload, free_port())
     started, load_before = time.monotonic(), load_average()
-    history_log = harness.serve_history()
+    history_log = history_log or harness.serve_history()
     results = []
     for arm in arms:
         if arm == "prewarm":
@@ -211,16 +241,35 @@ def goals(result: dict) -> dict:
         out["hit_rate"] = round(pre["first_use_hits"] / max(1, pre["first_uses"]), 3)
         ratio = none["first_use_ttft_median_s"] / max(1e-9, pre["first_use_ttft_median_s"])
         out["ttft_ratio_none_over_prewarm"] = round(ratio, 2)
+    replay = arms.get("replay_newest")
+    if pre and replay:
+        out["hits_vs_replay"] = pre["first_use_hits"] - replay["first_use_hits"]
+        out["tokens_vs_replay"] = pre["warm_prompt_tokens"] - replay["warm_prompt_tokens"]
     if pre and "oracle" in arms:
         out["share_of_oracle"] = round(
             pre["first_use_hits"] / max(1, arms["oracle"]["first_use_hits"]), 3
         )
         out["beats_baselines"] = all(
             pre["first_use_hits"] > arms[b]["first_use_hits"]
-            for b in ("prime_all_seen", "resend_logged")
+            for b in ("prime_all_seen", "resend_logged", "replay_newest")
             if b in arms
         )
     return out
+
+
+def table(report: list[dict]) -> str:
+    """Every run as one Markdown table row per arm."""
+    lines = ["| setting | seed | arm | first uses from cache | warm-up requests (engine) | "
+             "warm-up prompt tokens | warm-up s | load (1/5/15 min) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for result in report:
+        for a in result["arms"]:
+            lines.append(
+                f"| {result['setting']} | {result['seed']} | {a['arm']} | "
+                f"{a['first_use_hits']} / {a['first_uses']} | {a['warm_engine_requests']} | "
+                f"{a['warm_prompt_tokens']:,} | {a['warm_s']} | {a['load']} |"
+            )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -231,26 +280,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--templates", type=int, default=16)
     parser.add_argument("--history", type=int, default=128)
     parser.add_argument("--future", type=int, default=48)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated workload seeds")
     args = parser.parse_args(argv)
     reason = missing_prerequisites()
     if reason:
         raise SystemExit(f"cannot run: {reason}")
-    workload = build_workload(
-        token_counter(), args.templates, args.history, args.future, seed=args.seed
-    )
     settings = list(SETTINGS) if args.setting == "both" else [args.setting]
     report = []
-    for setting in settings:
-        arms = SETTINGS[setting][1]
-        if args.arms:
-            arms = tuple(a for a in args.arms.split(",") if a in arms)
-        result = run_setting(setting, args.out / setting, workload, arms)
-        result["goals"] = goals(result)
-        report.append(result)
-        print(json.dumps({"setting": setting, "goals": result["goals"]}), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    for seed in (int(s) for s in args.seeds.split(",")):
+        workload = build_workload(
+            token_counter(), args.templates, args.history, args.future, seed=seed
+        )
+        history_log = None  # one history per seed, served once, read by every setting
+        for setting in settings:
+            arms = SETTINGS[setting][1]
+            if args.arms:
+                arms = tuple(a for a in args.arms.split(",") if a in arms)
+            out = args.out / f"seed{seed}" / setting
+            result = run_setting(setting, out, workload, arms, history_log)
+            history_log = Path(result["history_log"])
+            result.update(seed=seed, goals=goals(result))
+            report.append(result)
+            print(json.dumps({"setting": setting, "seed": seed, "goals": result["goals"]}),
+                  flush=True)  # fmt: skip
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    print(table(report))
     print(f"results: {args.out / 'results.json'}")
 
 

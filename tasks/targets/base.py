@@ -56,6 +56,7 @@ class ItemResult:
     prime: Completion | None = None
     value: str | None = None
     redis_key: str | None = None
+    verified_by: str = ""  # "prime" (the engine's accounting on it) or "probe"
 
     def fail(self, detail: str) -> None:
         self.ok, self.detail = False, detail

@@ -6,10 +6,18 @@ parameters go several to a request (``/v1/completions`` takes a list of prompts;
 ``WarmOptions.prompts_per_request``); chat prefixes go one per ``/v1/chat/completions`` request
 so the engine's chat template renders them.
 
-Verification probes the primed prefixes: the engine must report
-``usage.prompt_tokens_details.cached_tokens`` (for a group: at least ``min_cached_share`` of its
-prompt tokens, else each prompt is probed alone and needs cached tokens > 0), or — where the
-engine does not report it — answer faster than the priming request by at least ``ttft_drop``.
+Verification costs one request per item where the engine reports
+``usage.prompt_tokens_details.cached_tokens`` on the priming request itself (vLLM with
+``--enable-prompt-tokens-details``, the simulator) and its ``/metrics`` count prefix-cache
+lookups (``vllm:prefix_cache_queries_total`` > 0: the cache is on, and vLLM keeps every whole
+block it computes): the prime stands for its item, and one ``GET /metrics`` per batch, which
+costs the engine no prompt tokens, for the batch. Where the engine publishes no such count, one
+sampled probe per batch — its last prefix, the one primed last, so the probe leaves the cache's
+LRU order as it was — checks that the engine keeps what it computed (a prefix cache switched off
+reports 0 there); only when the sample shows no cached tokens is every item probed. An engine
+that reports nothing (llama.cpp, TGI) gets a probe per item, which must answer faster than its
+prime by ``ttft_drop``. A probe of a group needs ``min_cached_share`` of its prompt tokens
+cached, else each prompt is probed alone and needs cached tokens > 0.
 """
 
 from __future__ import annotations
@@ -115,8 +123,29 @@ def _probe(indices: list[int], items: Sequence[WarmItem], results: Sequence[Item
 
 
 def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
-    """Probe each primed group of prefixes; shapes are done once they answered."""
+    """Verify primed prefixes (shapes are done once they answered): by their prime where the
+    engine reports cached tokens on it and its metrics show its prefix cache on; by one sampled
+    probe where only the first holds; by a probe each otherwise."""
+    live = [i for i, item in enumerate(items) if results[i].ok and item.kind == "prefix"]
+    primed = [i for i in live if results[i].prime is not None]
+    accounted = [i for i in primed if _accounted(results[i].prime)]
+    if accounted and (ctx.engine.prefix_cache_queries() or 0) > 0:
+        for i in accounted:
+            results[i].verified_by = "prime"
+    elif accounted:
+        sample = accounted[-1]
+        _probe([sample], items, results, ctx)
+        for i in accounted:
+            results[i].verified_by = "prime" if i != sample else "probe"
+        if not results[sample].ok:  # the sample says the cache keeps nothing: probe them all
+            for i in accounted[:-1]:
+                _probe([i], items, results, ctx)
     for group in groups(items, ctx.group_size):
-        live = [i for i in group if results[i].ok and items[i].kind == "prefix"]
-        if live and results[live[0]].prime is not None:
-            _probe(live, items, results, ctx)
+        rest = [i for i in group if i in primed and i not in accounted]
+        if rest:
+            _probe(rest, items, results, ctx)
+
+
+def _accounted(prime: Completion | None) -> bool:
+    """Whether the engine reported its cache accounting on the priming request."""
+    return prime is not None and prime.cached_tokens is not None

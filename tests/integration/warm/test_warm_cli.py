@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -53,6 +54,43 @@ def test_plan_then_warm_from_the_command_line(
     warmed = prewarm(warm_config, "warm", "--plan", str(out), "--queue", warm_queue)
     assert warmed.returncode == 0, warmed.stderr + warmed.stdout
     assert '"committed": 1' in warmed.stdout and '"items_ok": 3' in warmed.stdout
+
+
+def _printed_report(stdout: str) -> dict:
+    return json.loads(stdout[stdout.rindex("\n{") + 1 :])
+
+
+def test_warm_on_a_finished_plan_reports_it_finished(
+    warm_config, warm_worker, warm_queue, tmp_path
+):
+    out = tmp_path / "plan.json"
+    planned = prewarm(warm_config, "plan", "--from", str(_records(tmp_path)), "--out", str(out))
+    assert planned.returncode == 0, planned.stderr
+    first = prewarm(warm_config, "warm", "--plan", str(out), "--queue", warm_queue)
+    assert first.returncode == 0, first.stderr + first.stdout
+    again = prewarm(warm_config, "warm", "--plan", str(out), "--queue", warm_queue)
+    assert again.returncode == 0, again.stderr + again.stdout
+    report = _printed_report(again.stdout)
+    assert report["done"] and report["state"] == "finished" and report["seconds"] >= 0
+    assert report["ok"] and report["failed_batches"] == []
+
+
+def test_warm_exits_non_zero_when_a_batch_rolls_back(
+    sim, warm_config, warm_worker, warm_queue, tmp_path
+):
+    out = tmp_path / "plan.json"
+    planned = prewarm(warm_config, "plan", "--from", str(_records(tmp_path)), "--out", str(out))
+    assert planned.returncode == 0, planned.stderr
+    sim.engine.config.faults.error_rate = 1.0
+    try:
+        warmed = prewarm(warm_config, "warm", "--plan", str(out), "--queue", warm_queue)
+    finally:
+        sim.engine.config.faults.error_rate = 0.0
+    assert warmed.returncode == 1, warmed.stderr + warmed.stdout
+    report = _printed_report(warmed.stdout)
+    assert report["done"] and not report["ok"] and report["rolled_back"] == 1
+    [batch] = report["failed_batches"]
+    assert batch["state"] == "rolled_back" and batch["failed"] == 3 and batch["failures"]
 
 
 @pytest.fixture

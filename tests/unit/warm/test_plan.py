@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import BadInputError
-from pipeline.plan import (
-    EngineCost,
-    PlanBudget,
-    WarmItem,
-    WarmPlan,
-    build_plan,
-    priming_order,
-    score_item,
-    with_cache_salt,
-)
+from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planner_select import build_plan, priming_order, score_item, with_cache_salt
 
 COST = EngineCost(prefill_s_per_token=1e-3, request_overhead_s=0.01)
 
@@ -24,16 +16,21 @@ def item(key, hits, tokens=100, tenant="default", profile=None, **kw):
                     predicted_hits=hits, profile=profile, **kw)  # fmt: skip
 
 
-def test_with_a_block_size_each_item_takes_whole_blocks_of_the_cache():
-    # 3 x 200 tokens fit 700 tokens, but each takes 2 blocks of 128 (200 + its output token)
-    cands = [item("a", 9, 200), item("b", 8, 200), item("c", 7, 200)]
+def test_with_a_block_size_each_item_keeps_its_whole_blocks_plus_one_in_flight():
+    # 3 x 300 tokens are over 700 tokens, but each keeps only 2 whole blocks of 128 cached (its
+    # partial block and output token are freed to be reused); one block is needed in flight
+    cands = [item("a", 9, 300), item("b", 8, 300), item("c", 7, 300)]
     loose = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700), COST)
-    blocks = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=700, block_tokens=128),
+    blocks = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=900, block_tokens=128),
                         COST)  # fmt: skip
-    assert len(loose.items) == 3
-    assert [i.key for i in blocks.items] == ["b", "a"]  # 4 blocks = 512 of 700; c would need 768
-    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 127)) == 128
-    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 128)) == 256
+    assert [i.key for i in loose.items] == ["b", "a"]
+    assert [i.key for i in blocks.items] == ["c", "b", "a"]  # 6 blocks kept + 1 in flight
+    tight = build_plan("e", cands, PlanBudget(max_items=10, max_tokens=768, block_tokens=128),
+                       COST)  # fmt: skip
+    assert [i.key for i in tight.items] == ["b", "a"]  # 768 = 6 blocks: none left in flight
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 255)) == 128
+    assert PlanBudget(block_tokens=128).cache_tokens(item("x", 1, 256)) == 256
+    assert PlanBudget(block_tokens=128).cached_tokens(item("x", 1, 256)) == 128  # not the last
 
 
 def test_score_is_time_saved_minus_warm_cost():
@@ -136,3 +133,19 @@ def test_a_plan_cannot_smuggle_request_fields():
     with pytest.raises(BadInputError, match="unknown request fields"):
         WarmItem("prefix", "k", "m", text="t", params={"model": "other", "api_base": "http://x"})
     assert WarmItem("prefix", "k", "m", text="t", params={"cache_salt": "a"}).params
+
+
+def test_what_prewarm_warm_prints_for_a_plan_it_found_finished():
+    from jobs.cmd_warm import outcome
+
+    stale = {"done": True, "state": "submitted", "seconds": -41.2, "items_failed": 0}
+    shown = outcome(stale, [{"batch": 0, "state": "committed", "failed": 0}], elapsed_s=0.4)
+    assert shown["state"] == "finished" and shown["seconds"] == 0.4 and shown["ok"]
+    batches = [{"batch": 0, "state": "committed", "failed": 1, "failures": ["k: x"]},
+               {"batch": 1, "state": "rolled_back", "failed": 4}]  # fmt: skip
+    report = {"done": True, "state": "finished", "seconds": 2.0, "items_failed": 1}
+    failed = outcome(report, batches, elapsed_s=3.0)
+    assert not failed["ok"] and failed["seconds"] == 2.0
+    assert [b["batch"] for b in failed["failed_batches"]] == [0, 1]
+    running = outcome({"done": False, "state": "submitted"}, [], elapsed_s=600.0)
+    assert running["state"] == "submitted" and not running["ok"]

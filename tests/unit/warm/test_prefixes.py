@@ -33,17 +33,44 @@ def _records(prompts, tenant="t1", start="2026-01-01T00:00:00Z", step_s=60):
     return records_frame(rows)
 
 
-def test_finds_the_shared_heads_cut_at_block_boundaries():
+def test_finds_the_shared_heads_where_the_prompts_diverge():
     prompts = [SYSTEM + f"Question {n}: why is invoice {n * 7} late?" for n in range(6)]
     prompts += [OTHER + f"Ticket {n} says the app crashed on {n} screens" for n in range(3)]
-    prompts += ["a lonely prompt that nobody else shares with anything at all " * 3]
-    found = detect_prefixes(_records(prompts))
-    assert [p.count for p in found] == [6, 3]
+    lonely = "a lonely prompt that nobody else shares with anything at all " * 3
+    found = detect_prefixes(_records([*prompts, lonely]))
+    assert [p.count for p in found] == [6, 3, 1]
     head = found[0]
-    assert SYSTEM.startswith(head.text) or head.text.startswith(SYSTEM[: len(head.text)])
-    ends = {b.end for b in prefix_chain(prompts[0])}
-    assert len(head.text) in ends
-    assert head.tokens % 16 == 0 and head.tokens >= 64
+    # the head runs to the character where its prompts part, past the detector's last block
+    assert head.text == SYSTEM + "Question "
+    assert len(head.text) > max(b.end for b in prefix_chain(SYSTEM))
+    assert head.tokens >= 64 and head.parent is None
+    # seen once and sharing nothing: the whole prompt is its own prefix (what a replay sends)
+    assert found[2].text == lonely and found[2].count == 1
+
+
+def test_nested_prefixes_are_one_chain_counted_through():
+    repeated = (
+        SYSTEM + "Question: which invoices are overdue this month, and by how many days? " * 3
+    )
+    prompts = [SYSTEM + f"Question {n}: why is invoice {n * 7} late?" for n in range(4)]
+    found = detect_prefixes(_records([*prompts, repeated, repeated]))
+    by_count = {p.count: p for p in found}
+    assert sorted(by_count) == [2, 6]
+    head, question = by_count[6], by_count[2]
+    assert question.parent == head.key and head.parent is None
+    assert question.text == repeated and question.text.startswith(head.text)
+
+
+def test_a_header_too_short_to_cache_does_not_hide_a_template_seen_once():
+    # shared by everything, one detector block (16 pseudo-tokens), shorter than a cache block
+    header = "Answer as the desk assistant of the company, politely and briefly, and never guess. "
+    prompts = [header + SYSTEM + f"q{n} " * 3 for n in range(3)] + [header + OTHER + "once?"]
+    found = detect_prefixes(_records(prompts), min_tokens=32)
+    texts = {p.count: p for p in found if p.tokens >= 32}
+    assert texts[1].text == header + OTHER + "once?"  # its own prefix: nothing longer is shared
+    assert texts[3].text.startswith(header + SYSTEM)
+    short = [p for p in found if p.tokens < 32]
+    assert [p.count for p in short] == [4] and short[0].parent is None
 
 
 def test_counts_per_window_and_frequency_forecast():
@@ -91,6 +118,13 @@ def test_prefixes_carry_the_workload_profile_of_their_requests():
     frame["profile"] = ["chat"] * 4 + ["batch"] + ["batch"] * 2
     items = {i.text[:10]: i for i in prefix_items(detect_prefixes(frame))}
     assert items[SYSTEM[:10]].profile == "chat" and items[OTHER[:10]].profile == "batch"
+
+
+def test_every_item_is_measured_over_the_same_history():
+    # seen twice long ago against twice lately, over the same ten windows: lately ranks first
+    early, late = frequency_hits({0: 2}, span=(0, 9)), frequency_hits({9: 2}, span=(0, 9))
+    assert late > early > 0
+    assert history_rate({0: 2}, span=(0, 9)) == history_rate({9: 2}, span=(0, 9)) == 0.2
 
 
 def test_a_prefix_seen_in_history_is_never_forecast_at_zero():

@@ -144,3 +144,73 @@ def test_tenant_isolation_salts_every_request():
     client.complete_many([_item("b", tenant="zeta"), _item("c", tenant="zeta")])
     _client(engine).complete(_item("d", tenant="acme"))
     assert [b.get("cache_salt") for b in bodies] == ["acme", "zeta", None]
+
+
+def _accounting_engine(cached_on_probe: int, kind: str = "simulator", queries: float | None = None):
+    """An engine that reports cached tokens: 0 on a first sight of a prompt, then
+    ``cached_on_probe``; with ``queries``, its /metrics count that many prefix-cache lookups.
+    Returns its client and the list of completion requests it saw."""
+    seen: list[dict] = []
+    primed: set[str] = set()
+
+    def engine(request):
+        if request.url.path == "/metrics":
+            if queries is None:
+                return httpx.Response(404)
+            text = ("# TYPE vllm:prefix_cache_queries counter\n"
+                    f'vllm:prefix_cache_queries_total{{engine="0"}} {queries}\n')  # fmt: skip
+            return httpx.Response(200, text=text)
+        body = json.loads(request.content)
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        seen.append(body)
+        cached = sum(cached_on_probe if p in primed else 0 for p in prompts)
+        primed.update(prompts)
+        usage = {"prompt_tokens": 300 * len(prompts),
+                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+    settings = EngineSettings(name="s", url="http://engine.test", model="m", kind=kind)
+    return EngineClient(settings, retry=FAST, transport=httpx.MockTransport(engine)), seen
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_where_the_prime_reports_cached_tokens_and_the_cache_counts_lookups_one_request_each(chat):
+    from tasks.targets import apply_items, verify_items
+
+    client, seen = _accounting_engine(cached_on_probe=256, queries=1200.0)
+    ctx = BatchContext(None, client, WarmOptions(prompts_per_request=1))  # type: ignore[arg-type]
+    items = [_item(k, tokens=300, **({"params": {"add_special_tokens": False}} if chat else {}))
+             for k in "abcd"]  # fmt: skip
+    results = apply_items(items, ctx)
+    verify_items(items, results, ctx)
+    assert all(r.ok for r in results) and [r.verified_by for r in results] == ["prime"] * 4
+    assert len(seen) == len(items)  # the primes, nothing more
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_where_the_prime_reports_cached_tokens_one_sampled_probe_per_batch(chat):
+    from tasks.targets import apply_items, verify_items
+
+    client, seen = _accounting_engine(cached_on_probe=256)
+    ctx = BatchContext(None, client, WarmOptions(prompts_per_request=1))  # type: ignore[arg-type]
+    items = [_item(k, tokens=300, **({"params": {"add_special_tokens": False}} if chat else {}))
+             for k in "abcd"]  # fmt: skip
+    results = apply_items(items, ctx)
+    verify_items(items, results, ctx)
+    assert all(r.ok for r in results)
+    assert len(seen) == len(items) + 1  # one prime each, one probe for the batch
+    assert seen[-1]["prompt"] == items[-1].text  # the sample is the item primed last
+    assert [r.verified_by for r in results] == ["prime", "prime", "prime", "probe"]
+
+
+def test_a_sample_that_finds_nothing_cached_has_every_item_probed_and_failed():
+    from tasks.targets import apply_items, verify_items
+
+    # prefix caching switched off: no lookups counted, nothing ever cached
+    client, seen = _accounting_engine(cached_on_probe=0, queries=0.0)
+    ctx = BatchContext(None, client, WarmOptions(prompts_per_request=1))  # type: ignore[arg-type]
+    items = [_item(k, tokens=300) for k in "abc"]
+    results = apply_items(items, ctx)
+    verify_items(items, results, ctx)
+    assert [r.ok for r in results] == [False, False, False]
+    assert len(seen) == 3 + 3  # primes, the sample, then the other two probed alone
