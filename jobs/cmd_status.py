@@ -26,6 +26,8 @@ def _outcome_line(label: str, outcome: dict[str, Any] | None) -> str:
             f"warmed {outcome.get('warmed', '?')}, verified {outcome.get('verified', '?')}, "
             f"failed {outcome.get('failed', '?')}"
         )
+        if outcome.get("resumed"):
+            text += f", resumed {outcome['resumed']}× after a worker died"
     if outcome.get("forecast"):
         text += f" ({outcome['forecast']})"
     return text

@@ -27,9 +27,10 @@ import redis
 
 from pipeline.kv_holdings import ReplicaHoldings
 from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
+from tasks import redis_keys
 from tasks.kv_subscriber import Cursor
 
-PREFIX = "pw:kv:"
+PREFIX = redis_keys.KV
 
 
 def _key(engine: str, part: str) -> str:

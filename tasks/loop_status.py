@@ -15,6 +15,7 @@ import redis
 from pipeline.errors import BadInputError
 from tasks import redis_keys
 from tasks.base import failing_tasks
+from tasks.connections import redacted
 from tasks.observations import Observations, models_root
 from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings
@@ -26,15 +27,16 @@ def _json(raw: bytes | str | None) -> dict[str, Any] | None:
 
 
 def model_version(settings: Settings, engine: str) -> str | None:
-    """The saved forecaster version the engine's plans use, or None (fitted or frequency)."""
+    """The saved forecaster the engine's plans use — its version and the backtest winner — or
+    None (fitted or frequency)."""
     from models.forecaster import SAVED_NAME
-    from models.persistence import current_version
+    from models.selection import saved_selection
 
     root = models_root(settings.data_dir, engine)
-    try:
-        return current_version(root, SAVED_NAME) if (root / SAVED_NAME).exists() else None
-    except BadInputError:
+    if not (root / SAVED_NAME).exists():
         return None
+    saved = saved_selection(root, SAVED_NAME)
+    return None if saved is None else f"{saved['version']} (winner {saved['winner']})"
 
 
 def plan_progress(store: redis.Redis, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -49,6 +51,7 @@ def plan_progress(store: redis.Redis, outcome: dict[str, Any] | None) -> dict[st
             "verified": report["items_ok"], "failed": report["items_failed"],
             "batches": report["batches"], "committed": report["committed"],
             "rolled_back": report["rolled_back"], "done": report["done"],
+            "resumed": report.get("resumed", 0),
             "warm_seconds": report.get("seconds")}  # fmt: skip
 
 
@@ -77,7 +80,7 @@ def engine_status(
     next_tick = store.get(redis_keys.LOOP_NEXT_TICK.format(engine=name))
     return {
         "engine": name,
-        "url": engine.url,
+        "url": redacted(engine.url),
         "sources": sources_status(settings, store, name),
         "observations": Observations(settings.data_dir, name).version().to_dict(),
         "model": model_version(settings, name),

@@ -41,7 +41,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) 
 return 0
 """
 COUNTERS = ("batches_done", "committed", "rolled_back", "items_ok", "items_failed")
-OPEN_PLANS = "pw:plans:open"
+OPEN_PLANS = redis_keys.OPEN_PLANS
 
 
 def _k(plan_id: str, suffix: str = "") -> str:

@@ -8,13 +8,14 @@ always says which trigger asked for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from pipeline.errors import BadInputError
-from pipeline.plan import WarmPlan
+from pipeline.plan import WarmItem, WarmPlan
 from pipeline.planning import REASONS, PlanRequest
 from tasks import warm_plan
 from tasks.settings import EngineSettings
@@ -37,11 +38,13 @@ def plan_for(
     forecast: str = "auto",
     engine: EngineSettings | None = None,
     models_root: Path | None = None,
+    extra: Sequence[WarmItem] = (),
 ) -> WarmPlan:
-    """A plan from the one planner, made for ``reason``."""
+    """A plan from the one planner, made for ``reason``; ``extra``: candidates the caller knows
+    of (template heads, configured adapters)."""
     if reason not in REASONS:
         raise BadInputError(f"unknown plan reason {reason!r}; known: {', '.join(REASONS)}")
     request = replace(request, reason=reason)
     return warm_plan.plan_for_engine(
-        records, request, windows, forecast, engine=engine, models_root=models_root
+        records, request, windows, forecast, engine=engine, models_root=models_root, extra=extra
     )

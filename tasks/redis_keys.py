@@ -13,6 +13,8 @@ ROOT = "pw"
 # --- warm-up execution --------------------------------------------------------------------------
 #: a plan and its parts: ``plan(id)`` (JSON), ``plan(id, "meta")``, ``plan(id, "b:3")`` …
 PLAN = ROOT + ":plan:{plan_id}"
+#: zset of plans not finished yet -> submitted (read by the recovery sweep)
+OPEN_PLANS = ROOT + ":plans:open"
 #: write-ahead-log transactions (``tasks.wal_store``) live under this prefix
 WAL_PREFIX = ROOT + ":wal:"
 WAL_TXN = WAL_PREFIX + "txn:{txn_id}"
@@ -51,6 +53,10 @@ TEMPLATE_LOCK = ROOT + ":templates:{repo}:lock"
 #: per-repository state of the mirror (``field``: the processed sha, …)
 TEMPLATE_STATE = ROOT + ":templates:{repo}:{field}"
 WEBHOOK_DELIVERY = ROOT + ":webhooks:delivery:{forge}:{delivery}"
+
+# --- metrics and KV-event state (prefixes: their modules name the keys under them) --------------
+METRICS = ROOT + ":metrics:"
+KV = ROOT + ":kv:"
 
 # --- health -------------------------------------------------------------------------------------
 BEAT_HEARTBEAT = ROOT + ":beat:heartbeat"

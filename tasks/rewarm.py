@@ -22,13 +22,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import pandas as pd
 import redis
 
 from pipeline.errors import EngineUnavailableError, PrewarmError
 from pipeline.keys import ROOT, safe_part
 from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
+from pipeline.planning import TemplateHead, template_head_items
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
@@ -46,8 +45,6 @@ _SERVING = redis_keys.TEMPLATE_SERVING
 _TXN = redis_keys.TEMPLATE_TXN
 _HOTNESS = redis_keys.TEMPLATE_HOTNESS
 _TXN_TTL_S = 7 * 24 * 3600
-#: Synthetic requests per template head at most: enough to order by hotness.
-MAX_HEAD_REQUESTS = 50
 #: How far into a prompt a template's head may start (a chat template's role header first).
 HEAD_OFFSET_CHARS = 64
 
@@ -184,48 +181,30 @@ def run_in_wal(
     return summary
 
 
-def head_records(
-    templates: Iterable[Template], model: str, heat: Mapping[str, int], now: float
-) -> pd.DataFrame:
-    """Requests that a template's users send, as records for the planner: per template head
-    (long enough to fill a cache block) a completions request with the head as its prompt and
-    a chat request with the head as its system message; as many of each as the template's
-    hotness (at least 2, at most :data:`MAX_HEAD_REQUESTS`), so the hottest is primed last."""
-    from pipeline.records import records_frame
-
-    rows: list[dict[str, Any]] = []
-    ts = pd.Timestamp(now, unit="s", tz="UTC")
-    for template in templates:
-        head = template.static_prefix
-        if count_tokens(head) < DEFAULT_BLOCK_SIZE:  # engines cache whole blocks only
-            continue
-        n = 2 + min(int(heat.get(template.template_id, 0)), MAX_HEAD_REQUESTS - 2)
-        common = {"ts": ts, "model": model, "template": version_tag(template), "output_tokens": 1}
-        for _ in range(n):
-            rows.append({**common, "endpoint": "/v1/completions", "prompt": head})
-            rows.append({**common, "endpoint": "/v1/chat/completions", "prompt": head})
-    frame = records_frame(rows)
-    if rows:
-        chat = frame["endpoint"] == "/v1/chat/completions"
-        frame["messages"] = [
-            json.dumps([{"role": "system", "content": p}]) if c else None
-            for p, c in zip(frame["prompt"], chat, strict=True)
-        ]
-    return frame
+def template_heads(templates: Iterable[Template], heat: Mapping[str, int]) -> list[TemplateHead]:
+    """The static heads of ``templates``, with their hotness, for the planner's template
+    candidates (one completions and one chat item per head, so both kinds of users hit). A
+    serving template is used at least once more even when no request of it was seen yet: its
+    new version is always worth warming, the hottest last."""
+    return [
+        TemplateHead(version_tag(t), t.static_prefix, 1.0 + heat.get(t.template_id, 0))
+        for t in templates
+        if t.static_prefix
+    ]
 
 
 def template_plan(
     settings: Settings, engine: EngineSettings, rewarm: RewarmSet, heat: Mapping[str, int]
 ) -> WarmPlan:
     """The one planner's plan (reason ``template``) for the new versions on ``engine``."""
+    from pipeline.records import records_frame
     from tasks.planner_entry import plan_for
     from tasks.warm_plan import plan_request
 
-    records = head_records(rewarm.warm, engine.model, heat, time.time())
-    if records.empty:
-        return WarmPlan(new_plan_id(), engine.name, (), PlanBudget(), notes=("reason: template",))
+    extra = template_head_items(template_heads(rewarm.warm, heat), engine.model)
     request = plan_request(settings, engine.name)
-    return plan_for(records, request, reason="template", engine=engine, forecast="frequency")
+    return plan_for(records_frame([]), request, reason="template", engine=engine,
+                    forecast="frequency", extra=extra)  # fmt: skip
 
 
 def update_template_hotness(

@@ -43,8 +43,9 @@ from pipeline.triggers import (
     interval_hit_rate,
 )
 from pipeline.warm_outcome import WarmState, WindowOutcome, window_outcome
+from tasks import redis_keys
 
-PREFIX = "pw:metrics:"
+PREFIX = redis_keys.METRICS
 SERIES = PREFIX + "series"
 #: History kept for the report: a week and a day.
 HISTORY_S = 8 * 86400
