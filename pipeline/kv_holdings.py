@@ -43,6 +43,11 @@ from pipeline.windows import COUNT_DTYPES
 
 #: Blocks remembered per replica beyond those held (for chains and re-stores); ~1 KiB each.
 DEFAULT_MAX_KNOWN = 200_000
+#: An event extending the last block of an event stored this recently (seconds) continues the
+#: same request (chunked prefill, decode filling a block): not another use of what it extends.
+CONTINUATION_S = 10.0
+#: Last blocks of recent events remembered to recognise continuations.
+MAX_OPEN_LEAVES = 10_000
 #: Item keys of chains learned from KV events (never equal to a text prefix's key).
 KEY_PREFIX = "kv:"
 KV_COUNT_DTYPES = {**COUNT_DTYPES, "stored": "int64", "restored": "int64", "removed": "int64"}
@@ -134,6 +139,8 @@ class ReplicaHoldings:
     #: blocks the last reset took away (0: the replica held nothing it did not lose before)
     lost_at_reset: int = 0
     block_size: int | None = None
+    #: last block of each recent ``BlockStored`` event not yet extended -> when it was stored
+    open_leaves: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     def apply(self, batch: EventBatch) -> None:
         """Apply one batch's events in order."""
@@ -189,7 +196,21 @@ class ReplicaHoldings:
                 self.changes[content] = True
             last = key
         if last is not None:
-            self._count_use(last, ts)
+            self._count_use(last, ts, until=parent if self._continues(parent, ts) else None)
+            self._open(last, ts)
+
+    def _continues(self, parent: str | None, ts: float) -> bool:
+        """Whether an event extending ``parent`` continues the request that stored it: vLLM
+        publishes a long prompt's chunks (and its output's blocks) as separate events, each
+        extending the last block of the one before, moments later."""
+        stored = self.open_leaves.pop(parent, None) if parent is not None else None
+        return stored is not None and ts - stored <= CONTINUATION_S
+
+    def _open(self, leaf: str, ts: float) -> None:
+        self.open_leaves[leaf] = ts
+        self.open_leaves.move_to_end(leaf)
+        while len(self.open_leaves) > MAX_OPEN_LEAVES:
+            self.open_leaves.popitem(last=False)
 
     def _inherited_salt(
         self, parent: str | None, extra: tuple[object, ...] | None, event: BlockStored
@@ -220,12 +241,13 @@ class ReplicaHoldings:
             del self.known[victim]
             self.uses.pop(victim, None)
 
-    def _count_use(self, leaf: str, ts: float) -> None:
-        """One use of the chain ending at ``leaf``: every block on it, root included."""
+    def _count_use(self, leaf: str, ts: float, until: str | None = None) -> None:
+        """One use of the chain ending at ``leaf``: every block on it, root included, or only
+        those below ``until`` (a continuation: the blocks above were counted with its start)."""
         chain = self.chain(leaf)
-        depth_tokens = 0
-        for key in reversed(chain):
-            depth_tokens += len(self.known[key].token_ids)
+        depth_tokens = sum(len(self.known[key].token_ids) for key in chain)
+        if until is not None and until in chain:
+            chain = chain[: chain.index(until)]
         for key in chain:
             tally = self._tally(ts, key)
             tally.used += 1

@@ -106,26 +106,44 @@ def stored(hashes, parent, size=2, ts=0.0, lora=None, salt=None, first_token=0):
 
 
 def test_uses_credit_every_block_of_a_chain_and_restores_count():
-    holdings = ReplicaHoldings("r", window_s=10)
+    holdings = ReplicaHoldings("r", window_s=60)
     holdings.apply(EventBatch(1.0, [stored([1, 2], None)]))
-    holdings.apply(EventBatch(2.0, [stored([3], 2, first_token=100)]))  # extends the head
-    holdings.apply(EventBatch(3.0, [stored([4], 2, first_token=200)]))  # another suffix
-    holdings.apply(EventBatch(4.0, [BlockRemoved([4], "GPU")]))
-    holdings.apply(EventBatch(12.0, [stored([4], 2, ts=12.0, first_token=200)]))  # back again
+    holdings.apply(EventBatch(15.0, [stored([3], 2, first_token=100)]))  # a later request
+    holdings.apply(EventBatch(20.0, [stored([4], 2, first_token=200)]))  # another suffix
+    holdings.apply(EventBatch(25.0, [BlockRemoved([4], "GPU")]))
+    holdings.apply(EventBatch(72.0, [stored([4], 2, ts=72.0, first_token=200)]))  # back again
     counts = holdings.counts()
     assert dict(counts.dtypes.astype(str)) == {k: v.replace("datetime64[us, UTC]", str(
         counts.dtypes["window_start"])) for k, v in KV_COUNT_DTYPES.items()}  # fmt: skip
-    first = counts[counts["window_start"].dt.second == 0].set_index("item_key")
+    first = counts[counts["window_start"].dt.minute == 0].set_index("item_key")
     assert first.loc[KEY_PREFIX + hash_key(2), "requests"] == 3
     assert first.loc[KEY_PREFIX + hash_key(4), "removed"] == 1
-    second = counts[counts["window_start"].dt.second == 10].set_index("item_key")
+    second = counts[counts["window_start"].dt.minute == 1].set_index("item_key")
     assert second.loc[KEY_PREFIX + hash_key(4), "restored"] == 1
     # candidates: the shared head and the suffix used twice; not the suffix used once
-    holdings.apply(EventBatch(13.0, [AllBlocksCleared()]))
+    holdings.apply(EventBatch(73.0, [AllBlocksCleared()]))
     items = {i.key: i for i in restore_candidates(holdings, "m")}
     assert set(items) == {KEY_PREFIX + hash_key(2), KEY_PREFIX + hash_key(4)}
     assert items[KEY_PREFIX + hash_key(2)].token_ids == (0, 1, 2, 3)
     assert items[KEY_PREFIX + hash_key(4)].token_ids == (0, 1, 2, 3, 200, 201)
+
+
+def test_a_request_published_in_chunks_is_one_use_and_restored_whole():
+    # vLLM publishes a long prompt's prefill chunks (and its output's blocks) as separate
+    # events, each extending the last block of the one before, moments later
+    holdings = ReplicaHoldings("r", window_s=60)
+    holdings.apply(EventBatch(1.0, [stored([1, 2], None)]))
+    holdings.apply(EventBatch(1.4, [stored([3, 4], 2, first_token=4)]))
+    holdings.apply(EventBatch(1.9, [stored([5], 4, first_token=8)]))
+    assert holdings.uses_by_window(hash_key(2)) == {0: 1}
+    assert holdings.uses_by_window(hash_key(5)) == {0: 1}
+    counts = holdings.counts().set_index("item_key")
+    assert counts.loc[KEY_PREFIX + hash_key(1), "requests"] == 1
+    assert counts.loc[KEY_PREFIX + hash_key(5), "prompt_tokens"] == 10
+    assert counts.loc[KEY_PREFIX + hash_key(3), "prompt_tokens"] == 6
+    holdings.apply(EventBatch(2.0, [AllBlocksCleared()]))
+    (item,) = restore_candidates(holdings, "m")
+    assert item.token_ids == tuple(range(10))
 
 
 def test_take_counts_drains_closed_windows_once():
