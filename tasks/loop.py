@@ -29,11 +29,14 @@ import pandas as pd
 import redis
 
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.plan import WarmItem, WarmPlan
+from pipeline.plan import WarmPlan
+from pipeline.planning import configured_adapter_items
 from pipeline.records import records_frame
+from pipeline.triggers import TriggerEvent, drift_events
 from pipeline.warm_outcome import request_items
 from tasks import redis_keys, telemetry
 from tasks.connections import check_engine_url
+from tasks.engine_watch import TRIGGER_COOLDOWN_S, cooldown_allows
 from tasks.observations import Observations, ObservationsVersion, models_root
 from tasks.plan_store import PlanStore
 from tasks.planner_entry import plan_for
@@ -80,6 +83,8 @@ class Outcome:
     planned: int = 0
     tokens: int = 0
     error: str | None = None
+    #: cold-cache triggers this warm-up saw fire (a window tick: key drift of the last window)
+    triggers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -179,6 +184,18 @@ class WarmLoop:
         )  # fmt: skip
         return with_configured_adapters(plan, engine) if reason == "replica" else plan
 
+    def key_drift(self, engine: EngineSettings, closed_before: float) -> TriggerEvent | None:
+        """A key-drift event when the last closed window's prefix keys moved away from the
+        windows before it (past the trigger's cooldown), else None."""
+        counts = Observations(self.settings.data_dir, engine.name).counts()
+        if counts is None or counts.empty:
+            return None
+        events = drift_events(counts, "prefix", engine.name)
+        last = events[-1] if events else None
+        if last is None or last.ts < closed_before - 2 * self.settings.schedule.window_s:
+            return None
+        return last if cooldown_allows(self.store, last, TRIGGER_COOLDOWN_S) else None
+
     def update_hotness(self, engine: EngineSettings) -> None:
         """Template hotness from the engine's kept records (for "hottest last" re-warms)."""
         from tasks.rewarm import update_template_hotness
@@ -213,6 +230,9 @@ class WarmLoop:
             outcome.status = f"engine down: no plan ({exc})"
             return
         outcome.model = self.model_in_use(engine, version)
+        if outcome.reason == "window" and new.counts is not None and len(new.counts):
+            drift = self.key_drift(engine, outcome.started)
+            outcome.triggers = [drift.to_dict()] if drift is not None else []
         plan = self.plan(engine, outcome.reason, shapes=outcome.reason == "replica")
         if plan is None or not plan.items:
             outcome.status = "nothing to warm yet" if plan is None else "plan empty"
@@ -287,11 +307,8 @@ def with_configured_adapters(plan: WarmPlan, engine: EngineSettings) -> WarmPlan
     (they hold no prefix, so they cost no cache and order nothing). The planner adds only the
     adapters its records used; configured ones are a replica's own."""
     planned = {item.adapter for item in plan.items if item.kind == "adapter"}
-    extra = [
-        WarmItem("adapter", f"adapter:{name}", engine.model, adapter=name)
-        for name in (a.split("=", 1)[0] for a in engine.adapters)
-        if name not in planned
-    ]
+    names = (a.split("=", 1)[0] for a in engine.adapters)
+    extra = configured_adapter_items((n for n in names if n not in planned), engine.model)
     return replace(plan, items=(*extra, *plan.items)) if extra else plan
 
 

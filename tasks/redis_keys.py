@@ -48,7 +48,10 @@ TRIGGER_DETECTORS = ROOT + ":triggers:{engine}:detectors"
 # --- templates and webhooks ---------------------------------------------------------------------
 TEMPLATE_SERVING = ROOT + ":templates:{repo}:serving"
 TEMPLATE_TXN = ROOT + ":templates:{repo}:txn:{sha}"
-TEMPLATE_HOTNESS = ROOT + ":templates:{repo}:hotness"
+#: requests per template id seen by one source of traffic (an engine's loop, a CLI ingest)
+TEMPLATE_HOTNESS = ROOT + ":templates:{repo}:hotness:{source}"
+#: the sources that wrote a repository's hotness (a set)
+TEMPLATE_HOTNESS_SOURCES = ROOT + ":templates:{repo}:hotness-sources"
 TEMPLATE_LOCK = ROOT + ":templates:{repo}:lock"
 #: per-repository state of the mirror (``field``: the processed sha, …)
 TEMPLATE_STATE = ROOT + ":templates:{repo}:{field}"

@@ -44,6 +44,9 @@ Primer = Callable[[Sequence[WarmItem]], None]
 _SERVING = redis_keys.TEMPLATE_SERVING
 _TXN = redis_keys.TEMPLATE_TXN
 _HOTNESS = redis_keys.TEMPLATE_HOTNESS
+_HOTNESS_SOURCES = redis_keys.TEMPLATE_HOTNESS_SOURCES
+#: The hotness source of counts from an ingest output (not one engine's loop).
+INGEST_SOURCE = "ingest"
 _TXN_TTL_S = 7 * 24 * 3600
 #: How far into a prompt a template's head may start (a chat template's role header first).
 HEAD_OFFSET_CHARS = 64
@@ -71,19 +74,32 @@ def serving(store: redis.Redis, repo: str) -> dict[str, dict[str, Any]]:
     return {_text(key): json.loads(value) for key, value in raw.items()}
 
 
-def hotness(store: redis.Redis, repo: str) -> dict[str, int]:
-    """Requests per template id seen in traffic (written by the template-hotness task)."""
-    raw = store.hgetall(_HOTNESS.format(repo=repo))
+def hotness(store: redis.Redis, repo: str, engine: str | None = None) -> dict[str, int]:
+    """Requests per template id seen in traffic: ``engine``'s own counts when it has any (its
+    loop wrote them), else the sum over every source (engines sharing the repository, ingests)."""
+    if engine is not None and (own := _hotness_of(store, repo, engine)):
+        return own
+    total: Counter[str] = Counter()
+    for source in sorted(_text(s) for s in store.smembers(_HOTNESS_SOURCES.format(repo=repo))):
+        total.update(_hotness_of(store, repo, source))
+    return dict(total)
+
+
+def _hotness_of(store: redis.Redis, repo: str, source: str) -> dict[str, int]:
+    raw = store.hgetall(_HOTNESS.format(repo=repo, source=source))
     return {_text(key): int(value) for key, value in raw.items()}
 
 
-def store_hotness(store: redis.Redis, repo: str, counts: dict[str, int]) -> None:
-    """Replace the hotness counts of ``repo``."""
-    key = _HOTNESS.format(repo=repo)
+def store_hotness(
+    store: redis.Redis, repo: str, counts: dict[str, int], source: str = INGEST_SOURCE
+) -> None:
+    """Replace ``source``'s hotness counts of ``repo`` (other sources' counts stay)."""
+    key = _HOTNESS.format(repo=repo, source=source)
     with store.pipeline(transaction=True) as pipe:
         pipe.delete(key)
         if counts:
             pipe.hset(key, mapping=dict(counts.items()))
+        pipe.sadd(_HOTNESS_SOURCES.format(repo=repo), source)
         pipe.execute()
 
 
@@ -232,7 +248,7 @@ def update_template_hotness(
                 counts.setdefault(name, Counter())[template_id] += 1
                 break
     for name, repo_counts in counts.items():
-        store_hotness(store, name, dict(repo_counts))
+        store_hotness(store, name, dict(repo_counts), source=engine.name)
     return {name: sum(c.values()) for name, c in counts.items()}
 
 
@@ -241,8 +257,10 @@ def rewarm_repo(
 ) -> dict[str, Any]:
     """Re-warm one repository's changed templates on every engine that serves its model."""
     engines = engines_for(settings, repo)
-    heat = hotness(store, repo.name)
-    per_engine = {e.name: list(template_plan(settings, e, rewarm, heat).items) for e in engines}
+    per_engine = {
+        e.name: list(template_plan(settings, e, rewarm, hotness(store, repo.name, e.name)).items)
+        for e in engines
+    }
 
     def prime(_: Sequence[WarmItem]) -> None:
         for engine in engines:

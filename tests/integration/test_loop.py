@@ -15,13 +15,15 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 import redis
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.plan import WarmPlan
-from tasks import warm_plan
+from pipeline.windows import COUNT_DTYPES
+from tasks import telemetry, warm_plan
 from tasks.loop import WarmLoop
 from tasks.loop_status import loop_status
 from tasks.observations import Observations
@@ -314,3 +316,32 @@ def test_the_api_and_the_cli_show_the_same_status(sim, loop_settings, store, mon
     assert body["healthy"] is True and engine["last_tick"]["status"] == "submitted"
     assert engine["sources"][0]["offsets"] and engine["last_tick"]["verified"] > 0
     assert engine["next_tick_in_s"] is not None
+
+
+def _window_counts(start: float, keys: dict[str, int]) -> list[dict]:
+    ts = pd.Timestamp(start, unit="s", tz="UTC")
+    return [{"item_kind": "prefix", "item_key": key, "window_start": ts, "requests": n,
+             "prompt_tokens": 100 * n, "output_tokens": 0} for key, n in keys.items()]  # fmt: skip
+
+
+def test_key_drift_of_the_last_window_is_a_trigger_of_the_tick_with_a_cooldown(
+    tmp_path, store_url, store
+):
+    settings = settings_for("http://127.0.0.1:9", tmp_path / "engine.log", tmp_path / "data",
+                            store_url, store_url, window_s=60)  # fmt: skip
+    engine = settings.engines[0]
+    observations = Observations(settings.data_dir, engine.name)
+    steady = {"p:billing": 40, "p:claims": 30, "p:travel": 20}
+    rows = [r for w in range(7) for r in _window_counts(60.0 * w, steady)]
+    observations.append(None, pd.DataFrame(rows).astype(COUNT_DTYPES), 1000, 100)
+    loop = WarmLoop(settings, store, clock=lambda: 60.0 * 8)
+    assert loop.key_drift(engine, 60.0 * 8) is None  # the same keys every window
+
+    moved = _window_counts(60.0 * 7, {"p:legal": 60, "p:audit": 40})
+    observations.append(None, pd.DataFrame(moved).astype(COUNT_DTYPES), 1000, 100)
+    event = loop.key_drift(engine, 60.0 * 8)
+    assert event is not None and event.kind == "key_drift" and event.engine == "sim"
+    assert event.ts == 60.0 * 7 and event.detail["js_divergence"] > 0.35
+    assert loop.key_drift(engine, 60.0 * 8) is None  # its cooldown holds it back
+    fired = telemetry.read_series(store)["prewarm_trigger_firings_total"]
+    assert fired == [(("sim", "key_drift"), 1.0)]

@@ -304,6 +304,20 @@ def test_hotness_from_request_records_orders_the_rewarm(source, tmp_path, store)
     assert [t.template_id for t in plan.warm] == ["prompts/billing.j2", "prompts/support.jinja"]
 
 
+def test_engines_sharing_a_repository_keep_their_own_hotness(store):
+    from tasks.rewarm import hotness, store_hotness
+
+    store_hotness(store, "acme/prompts", {"a.jinja": 5, "b.jinja": 1}, source="vllm-a")
+    store_hotness(store, "acme/prompts", {"b.jinja": 7}, source="vllm-b")
+    store_hotness(store, "acme/prompts", {"a.jinja": 2})  # an ingest typed by hand
+    store_hotness(store, "acme/prompts", {"b.jinja": 3}, source="vllm-b")  # its next tick
+    assert hotness(store, "acme/prompts", "vllm-a") == {"a.jinja": 5, "b.jinja": 1}
+    assert hotness(store, "acme/prompts", "vllm-b") == {"b.jinja": 3}
+    # an engine with no counts of its own, and the repository as a whole: the sum
+    assert hotness(store, "acme/prompts", "vllm-c") == {"a.jinja": 7, "b.jinja": 4}
+    assert hotness(store, "acme/prompts") == {"a.jinja": 7, "b.jinja": 4}
+
+
 def test_pushes_processed_out_of_order_never_step_back(source, tmp_path, store):
     from pipeline.errors import TransientError
     from tasks.events import process_push
