@@ -129,6 +129,11 @@ class WalStore:
         raw = self.r.hget(txn_key(txn_id), "owner")
         return as_text(raw) if raw else ""
 
+    def engine_of(self, txn_id: str) -> str:
+        """The engine the transaction warms ("" when it is unknown)."""
+        raw = self.r.hget(txn_key(txn_id), "engine")
+        return as_text(raw) if raw else ""
+
     def renew(self, txn_id: str, owner: str) -> bool:
         """Extend the lease; False when the sweep has taken the transaction over."""
         deadline = time.time() + self.lease_s

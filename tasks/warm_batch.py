@@ -32,7 +32,7 @@ from tasks.targets import adapter as adapter_target
 from tasks.targets import apply_items, verify_items
 from tasks.targets.base import BatchContext, ItemResult, WarmOptions
 from tasks.telemetry import record_batch, record_wal
-from tasks.wal_store import LeaseLost, WalStore, as_text
+from tasks.wal_store import LeaseLost, WalStore
 
 
 class BatchBusy(TransientError):
@@ -144,9 +144,7 @@ class BatchRunner:
         if not self.wal.take_over(txn_id, owner):
             self.plans.release(plan_id, batch, owner)
             raise BatchBusy(f"plan {plan_id} batch {batch}: previous attempt still holds its lease")
-        engine = self.settings.engine(
-            as_text(self.store.hget(f"pw:wal:txn:{txn_id}", "engine") or b"")
-        )
+        engine = self.settings.engine(self.wal.engine_of(txn_id))
         undo = adapter_target.undo_for(self.client(engine, WarmOptions()))
         self.wal.rollback(txn_id, owner, undo)
         record_wal(self.store, engine.name, "recovered")
