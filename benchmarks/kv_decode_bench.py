@@ -40,51 +40,11 @@ import zmq
 from pipeline.kv_events import KvEventDecoder
 from pipeline.kv_holdings import ReplicaHoldings
 
-WORDS = [
-    "account",
-    "balance",
-    "cache",
-    "client",
-    "contract",
-    "customer",
-    "data",
-    "delivery",
-    "document",
-    "engine",
-    "invoice",
-    "ledger",
-    "message",
-    "order",
-    "payment",
-    "policy",
-    "price",
-    "product",
-    "query",
-    "report",
-    "request",
-    "review",
-    "schedule",
-    "service",
-    "summary",
-    "supplier",
-    "system",
-    "table",
-    "task",
-    "template",
-    "tenant",
-    "ticket",
-    "token",
-    "update",
-    "user",
-    "value",
-    "vendor",
-]
-
 
 def record(seconds: float, out: Path, concurrency: int = 8) -> dict:
     """Keep a real vLLM busy for ``seconds``; write its PUB messages to ``out``; its rates."""
     from benchmarks.engines.engine import SERVED_NAME, free_port
-    from tests.engines.kv_vllm import KvEventsVllmServer
+    from tests.engines.kv_vllm import KvEventsVllmServer, prose
 
     work = Path(f"/tmp/prewarm-kv-bench-{int(time.time())}")
     server = KvEventsVllmServer(free_port(), work / "vllm.log", events_port=free_port(),
@@ -110,7 +70,7 @@ def record(seconds: float, out: Path, concurrency: int = 8) -> dict:
             sent = 0
             with httpx.Client(base_url=server.url, timeout=300.0) as http:
                 while time.monotonic() < deadline:
-                    words = " ".join(rng.choices(WORDS, k=rng.randint(200, 900)))
+                    words = prose(rng, rng.randint(200, 900))
                     body = {"model": SERVED_NAME, "max_tokens": 16, "prompt": words}
                     http.post("/v1/completions", json=body).raise_for_status()
                     sent += 1

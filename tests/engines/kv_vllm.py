@@ -9,9 +9,56 @@ replay socket.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 
 from benchmarks.engines.engine import VllmServer
+
+#: Business words: prompts made of them tokenize like prose.
+WORDS = [
+    "account",
+    "balance",
+    "cache",
+    "client",
+    "contract",
+    "customer",
+    "data",
+    "delivery",
+    "document",
+    "engine",
+    "invoice",
+    "ledger",
+    "message",
+    "order",
+    "payment",
+    "policy",
+    "price",
+    "product",
+    "query",
+    "report",
+    "request",
+    "review",
+    "schedule",
+    "service",
+    "summary",
+    "supplier",
+    "system",
+    "table",
+    "task",
+    "template",
+    "tenant",
+    "ticket",
+    "token",
+    "update",
+    "user",
+    "value",
+    "vendor",
+]
+
+
+def prose(rng: random.Random, n: int) -> str:
+    """``n`` random business words, space-separated."""
+    return " ".join(rng.choices(WORDS, k=n))
 
 
 @dataclass

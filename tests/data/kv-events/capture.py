@@ -28,52 +28,9 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.engines.engine import SERVED_NAME, free_port, vllm_python  # noqa: E402 (run as a script: sys.path first)
-from tests.engines.kv_vllm import KvEventsVllmServer  # noqa: E402 (run as a script: sys.path first)
+from tests.engines.kv_vllm import KvEventsVllmServer, prose  # noqa: E402 (run as a script: sys.path first)
 
 HERE = Path(__file__).resolve().parent
-WORDS = [
-    "account",
-    "balance",
-    "cache",
-    "client",
-    "contract",
-    "customer",
-    "data",
-    "delivery",
-    "document",
-    "engine",
-    "invoice",
-    "ledger",
-    "message",
-    "order",
-    "payment",
-    "policy",
-    "price",
-    "product",
-    "query",
-    "report",
-    "request",
-    "review",
-    "schedule",
-    "service",
-    "summary",
-    "supplier",
-    "system",
-    "table",
-    "task",
-    "template",
-    "tenant",
-    "ticket",
-    "token",
-    "update",
-    "user",
-    "value",
-    "vendor",
-]
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choices(WORDS, k=n))
 
 
 class Recorder(threading.Thread):
@@ -134,19 +91,19 @@ def stored_token_ids(messages: list[dict]) -> list[int]:
 
 def drive(server: KvEventsVllmServer, recorder: Recorder) -> list[dict]:
     rng, log = random.Random(12), []
-    head = words(rng, 300)
+    head = prose(rng, 300)
     with httpx.Client(base_url=server.url, timeout=120.0) as client:
         complete(client, log, prompt=head)
-        complete(client, log, prompt=head + " " + words(rng, 200))  # extends the head's chain
+        complete(client, log, prompt=head + " " + prose(rng, 200))  # extends the head's chain
         complete(client, log, prompt=head, cache_salt="tenant-a")  # a salted chain
         ids = stored_token_ids(recorder.messages)
         complete(client, log, prompt=[*ids, 17, 18, 19])  # the event's own ids: a cache hit
-        system = {"role": "system", "content": words(rng, 250)}
+        system = {"role": "system", "content": prose(rng, 250)}
         messages = [system, {"role": "user", "content": "hi"}]
         client.post("/v1/chat/completions", json={"model": SERVED_NAME, "messages": messages,
                                                  "max_tokens": 1}).raise_for_status()  # fmt: skip
         for _ in range(12):  # distinct prompts overflow the small cache: BlockRemoved
-            complete(client, log, prompt=words(rng, 500))
+            complete(client, log, prompt=prose(rng, 500))
         client.post("/reset_prefix_cache").raise_for_status()  # AllBlocksCleared, published
         complete(client, log, prompt=head)  # with the next step's batch: the head again
     return log
