@@ -3,12 +3,15 @@
 The base URL comes only from settings (``EngineSettings.url``), never from a plan. Transient
 failures (connection errors, timeouts, HTTP 5xx and 429) are retried with exponential backoff
 and full jitter, then raised as :class:`EngineUnavailableError`; other 4xx are bad input.
+Every request carries an ``X-Request-Id`` of prewarm's own (:mod:`pipeline.own_requests`), so
+the loop does not read its own warm-ups back from the engine's log as demand.
 """
 
 from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import BadInputError, EngineUnavailableError
+from pipeline.own_requests import own_request_id
 from pipeline.plan import WarmItem
 from tasks.settings import EngineSettings
 
@@ -80,7 +84,8 @@ class EngineClient:
         for attempt in range(self.retry.attempts):
             try:
                 self.requests += 1
-                response = self.http.post(path, json=dict(payload))
+                headers = {"X-Request-Id": own_request_id(uuid.uuid4().hex)}
+                response = self.http.post(path, json=dict(payload), headers=headers)
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             else:

@@ -28,6 +28,7 @@ import redis
 from pipeline.errors import PrewarmError
 from pipeline.ingest import IngestOptions, IngestResult, IngestState, ingest_paths
 from pipeline.ingest.state import FileState
+from pipeline.own_requests import without_own_requests
 from pipeline.records import records_frame
 from tasks import redis_keys
 from tasks.settings import EngineSettings, Settings, SourceSettings
@@ -48,6 +49,8 @@ class SourceRead:
     files: int = 0
     records: int = 0
     rejected: int = 0
+    #: prewarm's own requests found in the source (warm-ups, probes): left out, not demand
+    own: int = 0
     #: bytes read so far per file (the ingest state's offsets)
     offsets: dict[str, int] = field(default_factory=dict)
     error: str | None = None
@@ -171,8 +174,12 @@ def _read_one(
         return None, replace(base, files=len(files), error=str(exc))
     states.save(engine.name, sid, state)
     summary = result.summary_dict()
+    records, counts, own = without_own_requests(
+        result.records, result.counts, f"{settings.schedule.window_s}s"
+    )
+    result = replace(result, records=records, counts=counts)
     offsets = {path: s.offset for path, s in state.files.items()}
-    read = replace(base, files=len(files), records=len(result.records),
+    read = replace(base, files=len(files), records=len(records), own=own,
                    rejected=int(summary["rejected"]), offsets=offsets)  # fmt: skip
     return result, read
 

