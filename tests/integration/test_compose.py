@@ -128,18 +128,33 @@ def _zmq_endpoints(command: list[str]) -> list[tuple[str, int]]:
     return [(m["host"], int(m["port"])) for m in map(_ZMQ.match, command) if m]
 
 
-def test_every_zmq_endpoint_a_service_connects_to_is_bound_by_that_service():
+def _example_endpoints() -> list[str]:
+    """The ZMQ endpoints of the example config's kv-events sources."""
+    example = tomllib.loads((REPO_ROOT / "config" / "prewarm.example.toml").read_text())
+    kv = [s for s in example["sources"] if s["kind"] == "kv-events"]
+    return [s[key] for s in kv for key in ("endpoint", "replay_endpoint") if key in s]
+
+
+def test_every_zmq_endpoint_prewarm_connects_to_is_bound_by_that_service():
     services = _compose()["services"]
+    connects = {"the example config's kv-events sources": _example_endpoints()}
+    connects |= {name: service.get("command", []) for name, service in services.items()}
     connections = 0
-    for name, service in services.items():
-        for host, port in _zmq_endpoints(service.get("command", [])):
+    for who, argv in connects.items():
+        for host, port in _zmq_endpoints(argv):
             if host == "*":
                 continue
-            assert host in services, f"{name} connects to {host}:{port}, not a service"
+            assert host in services, f"{who} connects to {host}:{port}, not a service"
             bound = _zmq_endpoints(services[host].get("command", []))
-            assert ("*", port) in bound, f"{name} connects to {host}:{port}, which {host} binds not"
+            assert ("*", port) in bound, f"{who} connects to {host}:{port}, which {host} binds not"
             connections += 1
     assert connections >= 2  # kv-events: the simulator's publisher and its replay endpoint
+    kv_command = services["kv-events"]["command"]
+    engine = kv_command[kv_command.index("--engine") + 1]
+    example = tomllib.loads((REPO_ROOT / "config" / "prewarm.example.toml").read_text())
+    assert "--endpoint" in kv_command or any(
+        s["kind"] == "kv-events" and s["engine"] == engine for s in example["sources"]
+    )
 
 
 def zmq_links(services: dict[str, Any]) -> dict[str, dict[str, str]]:
