@@ -145,7 +145,8 @@ def worker_without_telemetry(celery_args: list[str]) -> None:
     import tasks.warm
     import tasks.warm_batch
 
-    tasks.warm_batch.record_batch = lambda store, engine, plan_id, items, summary: summary
+    tasks.warm_batch.plan_labels = lambda store, plan_id, engine: (engine, "cli")
+    tasks.warm_batch.queue_batch = lambda *args, **kwargs: None
     tasks.warm_batch.record_wal = lambda *args, **kwargs: None
     tasks.wal_store.record_wal = lambda *args, **kwargs: None
     tasks.warm.record_plan = lambda *args, **kwargs: None

@@ -12,13 +12,15 @@ import tomllib
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -102,6 +104,10 @@ class ScheduleSettings(_Section):
 
 #: Kinds of ``[[sources]]`` entry, each read by the reader registered for it (``tasks.sources``).
 SOURCE_KINDS = ("vllm-log", "tgi-log", "jsonl", "trace")
+#: The kind of ``[[sources]]`` entry that is an engine's KV-event stream (``prewarm kv-events``).
+KV_EVENTS = "kv-events"
+#: Schemes of a ZMQ endpoint prewarm connects to (the engine binds it).
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 class SourceSettings(_Section):
@@ -121,8 +127,53 @@ class SourceSettings(_Section):
     @classmethod
     def _known_kind(cls, value: str) -> str:
         if value not in SOURCE_KINDS:
-            raise ValueError(f"unknown source kind {value!r}; known: {', '.join(SOURCE_KINDS)}")
+            known = ", ".join((*SOURCE_KINDS, KV_EVENTS))
+            raise ValueError(f"unknown source kind {value!r}; known: {known}")
         return value
+
+
+def zmq_endpoint(value: str) -> str:
+    """``value`` if it is a ZMQ endpoint to connect to (``tcp://host:port``), else ValueError."""
+    _no_control_characters(value)
+    if not value.startswith(ZMQ_SCHEMES):
+        raise ValueError(f"must be a ZMQ endpoint (tcp://host:port), not {value!r}")
+    if value.startswith("tcp://"):
+        host, colon, port = value[len("tcp://") :].rpartition(":")
+        if not (colon and host and host != "*" and port.isdigit()):
+            raise ValueError(
+                f"needs the host and port to connect to (tcp://host:port), not {value!r}"
+            )
+    return value
+
+
+class KvEventSourceSettings(_Section):
+    """An engine's KV-cache event stream (``[[sources]] kind = "kv-events"``), followed by the
+    ``prewarm kv-events`` service: vLLM's ZMQ publisher (``endpoint``, its
+    ``--kv-events-config`` ``endpoint`` as prewarm reaches it), its replay socket
+    (``replay_endpoint``, to fill gaps) and the topic it publishes on."""
+
+    engine: str
+    kind: Literal["kv-events"] = "kv-events"
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq(cls, value: str | None) -> str | None:
+        return None if value is None else zmq_endpoint(value)
+
+
+def _source_kind(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, Mapping) else getattr(value, "kind", None)
+    return KV_EVENTS if kind == KV_EVENTS else "file"
+
+
+#: A ``[[sources]]`` entry: files the loop reads, or a KV-event stream.
+AnySource = Annotated[
+    Annotated[SourceSettings, Tag("file")] | Annotated[KvEventSourceSettings, Tag(KV_EVENTS)],
+    Discriminator(_source_kind),
+]
 
 
 class LoopSettings(_Section):
@@ -167,7 +218,7 @@ class Settings(_Section):
     budget: BudgetSettings = BudgetSettings()
     schedule: ScheduleSettings = ScheduleSettings()
     tenants: tuple[TenantSettings, ...] = ()
-    sources: tuple[SourceSettings, ...] = ()
+    sources: tuple[AnySource, ...] = ()
     loop: LoopSettings = LoopSettings()
 
     @field_validator("result_url")
@@ -202,6 +253,10 @@ class Settings(_Section):
         for n, source in enumerate(self.sources):
             if source.engine not in known:
                 raise ValueError(f"sources[{n}]: engine {source.engine!r} is not configured")
+        streams = [s.engine for s in self.sources if isinstance(s, KvEventSourceSettings)]
+        twice = sorted({engine for engine in streams if streams.count(engine) > 1})
+        if twice:
+            raise ValueError(f"sources: more than one kv-events source for engine {twice[0]!r}")
         return self
 
     @property
@@ -218,8 +273,23 @@ class Settings(_Section):
         raise SettingsError(f"unknown engine {name!r} (known: {known})", where="engines")
 
     def sources_of(self, engine: str) -> tuple[SourceSettings, ...]:
-        """The ``[[sources]]`` entries that feed ``engine``."""
-        return tuple(source for source in self.sources if source.engine == engine)
+        """The ``[[sources]]`` files that feed ``engine`` (what the loop reads)."""
+        return tuple(
+            source
+            for source in self.sources
+            if isinstance(source, SourceSettings) and source.engine == engine
+        )
+
+    def kv_events_of(self, engine: str) -> KvEventSourceSettings | None:
+        """``engine``'s KV-event stream (``[[sources]] kind = "kv-events"``), if configured."""
+        return next(
+            (
+                source
+                for source in self.sources
+                if isinstance(source, KvEventSourceSettings) and source.engine == engine
+            ),
+            None,
+        )
 
 
 # Scalar settings that may come from the environment, and how each is named there.
@@ -256,9 +326,19 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+#: the tags of the kinds of ``[[sources]]`` entry, which pydantic puts in an error's location
+_SOURCE_TAGS = ("file", KV_EVENTS)
+
+
 def _describe(error: ValidationError, origin: str) -> str:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    loc = first["loc"]
+    parts = [
+        str(part)
+        for i, part in enumerate(loc)
+        if not (part in _SOURCE_TAGS and i >= 2 and loc[i - 2] == "sources")
+    ]
+    key = ".".join(parts) or "(top level)"
     return f"{origin}: setting {key!r}: {first['msg']}"
 
 

@@ -16,11 +16,14 @@ Layout (under ``pw:metrics:``)::
                               kept for ``HISTORY_S``; what ``prewarm report`` reads
 
 The ``record_*`` functions are the call sites' one line each; each is one round trip or two.
+A batch's metrics are queued on the batch's own commit (:func:`queue_batch`): the warm-up's hot
+path pays no round trip of its own for them.
 A third of this module is :data:`SPECS`, the table of metric families the api exposes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -159,7 +162,33 @@ SPECS: dict[str, MetricSpec] = {
 
 def series_field(name: str, labels: Sequence[str]) -> str:
     """The field of one series in the ``series`` hash."""
+    return _field(name, tuple(labels))
+
+
+@functools.lru_cache(maxsize=4096)  # labels are bounded (see the module docstring)
+def _field(name: str, labels: tuple[str, ...]) -> str:
     return json.dumps([name, list(labels)], separators=(",", ":"))
+
+
+#: a gauge's name and label values
+Series = tuple[str, tuple[str, ...]]
+
+
+class _SeriesWriter:
+    """Writes to the ``series`` hash, queued on one pipeline (or sent on a client)."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+
+    def add(self, name: str, labels: Sequence[str], value: float) -> None:
+        """Add ``value`` to a counter."""
+        self.pipe.hincrbyfloat(SERIES, series_field(name, labels), value)
+
+    def set(self, gauges: Mapping[Series, float | None]) -> None:
+        """Set gauges (one command for all of them); None leaves a gauge as it was."""
+        mapping = {series_field(n, labels): v for (n, labels), v in gauges.items() if v is not None}
+        if mapping:
+            self.pipe.hset(SERIES, mapping=mapping)
 
 
 def _plan_key(plan_id: str) -> str:
@@ -211,12 +240,11 @@ def record_plan(
     labels = (engine, reason)
     with store.pipeline(transaction=False) as pipe:
         pipe.set(_plan_key(plan.plan_id), f"{engine}\t{reason}", ex=HISTORY_S)
-        pipe.hincrbyfloat(SERIES, series_field("prewarm_plans_total", labels), 1)
-        pipe.hincrbyfloat(
-            SERIES, series_field("prewarm_items_planned_total", labels), len(plan.items)
-        )
-        pipe.hincrbyfloat(SERIES, series_field("prewarm_tokens_planned_total", labels), plan.tokens)
-        pipe.hincrbyfloat(SERIES, series_field("prewarm_items_dropped_total", labels), plan.dropped)
+        series = _SeriesWriter(pipe)
+        series.add("prewarm_plans_total", labels, 1)
+        series.add("prewarm_items_planned_total", labels, len(plan.items))
+        series.add("prewarm_tokens_planned_total", labels, plan.tokens)
+        series.add("prewarm_items_dropped_total", labels, plan.dropped)
         if plan.items:
             pipe.hset(
                 f"{PREFIX}planned:{engine}", mapping=dict.fromkeys(_keys(plan.items), int(now))
@@ -230,7 +258,7 @@ def record_plan(
 
 
 #: Labels of the plans this process ran batches of (a plan's labels never change), so a batch
-#: costs one round trip to the store, not two. Bounded: the oldest entries go first.
+#: costs no round trip of its own for them. Bounded: the oldest entries go first.
 _PLAN_LABELS: dict[str, tuple[str, str]] = {}
 _PLAN_LABELS_MAX = 1024
 
@@ -239,7 +267,9 @@ def _keys(items: Iterable[WarmItem]) -> list[str]:
     return [item.key for item in items]
 
 
-def _labels_of_plan(store: redis.Redis, plan_id: str, engine: str) -> tuple[str, str]:
+def plan_labels(store: redis.Redis, plan_id: str, engine: str) -> tuple[str, str]:
+    """(engine, reason) of a submitted plan, as :func:`record_plan` stored them; read once per
+    plan and process."""
     known = _PLAN_LABELS.get(plan_id)
     if known is not None:
         return known
@@ -259,6 +289,44 @@ def _ok_items(items: Sequence[WarmItem], summary: Mapping[str, Any]) -> list[War
     return [item for item in items if item.key not in failed]
 
 
+def queue_batch(
+    pipe: Any,
+    labels: tuple[str, str],
+    plan_id: str,
+    items: Sequence[WarmItem],
+    summary: Mapping[str, Any],
+    now: float | None = None,
+) -> None:
+    """Queue a batch's metrics on ``pipe`` (``labels`` from :func:`plan_labels`), so they
+    travel with the batch's own commit: the warm-up's hot path pays no round trip for them."""
+    now = time.time() if now is None else now
+    engine, reason = labels
+    state = str(summary.get("state", "unknown"))
+    committed = state == "committed"
+    ok = _ok_items(items, summary) if committed else []
+    warmed, verified = (
+        (int(summary.get("items", 0)), int(summary.get("ok", 0))) if committed else (0, 0)
+    )
+    series = _SeriesWriter(pipe)
+    series.add("prewarm_batches_total", (*labels, state), 1)
+    series.add("prewarm_items_warmed_total", labels, warmed)
+    series.add("prewarm_items_verified_total", labels, verified)
+    series.add("prewarm_items_failed_total", labels, int(summary.get("failed", 0)))
+    series.add("prewarm_tokens_primed_total", labels, sum(item.tokens for item in ok))
+    series.add("prewarm_warm_seconds_total", labels, float(summary.get("seconds", 0.0)))
+    if summary.get("txn") and state in ("committed", "rolled_back"):
+        series.add("prewarm_wal_transactions_total", (engine, state), 1)
+    if ok:
+        # One field per batch (one argument, not one per item: this is the hot path).
+        batch_ref = f"{plan_id}:{summary.get('batch')}"
+        pipe.hset(f"{PREFIX}warmed:{engine}", batch_ref, json.dumps([now, _keys(ok)]))
+    _history(pipe, engine, "batch", now, {
+        "plan_id": plan_id, "reason": reason, "state": state,
+        "items": summary.get("items", 0), "ok": summary.get("ok", 0),
+        "failed": summary.get("failed", 0),
+    })  # fmt: skip
+
+
 def record_batch(
     store: redis.Redis,
     engine: str,
@@ -267,54 +335,29 @@ def record_batch(
     summary: dict[str, Any],
     now: float | None = None,
 ) -> dict[str, Any]:
-    """A batch ended (``summary`` as ``BatchRunner.run`` returns it); returns ``summary``.
+    """A batch ended (``summary`` as ``BatchRunner.run`` returns it) outside a commit that
+    carried its metrics (:func:`queue_batch`); returns ``summary``.
 
     A duplicate delivery (a stored result) is not counted again.
     """
     if summary.get("duplicate"):
         return summary
-    now = time.time() if now is None else now
-    engine, reason = _labels_of_plan(store, plan_id, engine)
-    state = str(summary.get("state", "unknown"))
-    committed = state == "committed"
-    ok = _ok_items(items, summary) if committed else []
-    labels = (engine, reason)
+    labels = plan_labels(store, plan_id, engine)
     with store.pipeline(transaction=False) as pipe:
-        add = lambda name, value, *extra: pipe.hincrbyfloat(  # noqa: E731 (four lines shorter)
-            SERIES, series_field(name, (*labels, *extra)), value
-        )
-        add("prewarm_batches_total", 1, state)
-        add("prewarm_items_warmed_total", int(summary.get("items", 0)) if committed else 0)
-        add("prewarm_items_verified_total", int(summary.get("ok", 0)) if committed else 0)
-        add("prewarm_items_failed_total", int(summary.get("failed", 0)))
-        add("prewarm_tokens_primed_total", sum(item.tokens for item in ok))
-        add("prewarm_warm_seconds_total", float(summary.get("seconds", 0.0)))
-        if summary.get("txn") and state in ("committed", "rolled_back"):
-            pipe.hincrbyfloat(
-                SERIES, series_field("prewarm_wal_transactions_total", (engine, state)), 1
-            )
-        if ok:
-            # One field per batch (one argument, not one per item: this is the hot path).
-            batch_ref = f"{plan_id}:{summary.get('batch')}"
-            pipe.hset(f"{PREFIX}warmed:{engine}", batch_ref, json.dumps([now, _keys(ok)]))
-        _history(pipe, engine, "batch", now, {
-            "plan_id": plan_id, "reason": reason, "state": state,
-            "items": summary.get("items", 0), "ok": summary.get("ok", 0),
-            "failed": summary.get("failed", 0),
-        })  # fmt: skip
+        queue_batch(pipe, labels, plan_id, items, summary, now)
         pipe.execute()
     return summary
 
 
 def record_wal(store: redis.Redis, engine: str, outcome: str) -> None:
     """A WAL transaction ended outside a batch's own run (``recovered`` by a sweep or a retry)."""
-    store.hincrbyfloat(SERIES, series_field("prewarm_wal_transactions_total", (engine, outcome)), 1)
+    _SeriesWriter(store).add("prewarm_wal_transactions_total", (engine, outcome), 1)
 
 
 def record_trigger(store: redis.Redis, engine: str, kind: str, fired: bool) -> bool:
     """A trigger of ``kind`` fired (``fired``) or met its cooldown; returns ``fired``."""
     name = "prewarm_trigger_firings_total" if fired else "prewarm_trigger_cooldown_skips_total"
-    store.hincrbyfloat(SERIES, series_field(name, (engine, kind)), 1)
+    _SeriesWriter(store).add(name, (engine, kind), 1)
     return fired
 
 
@@ -328,15 +371,15 @@ def record_tick(
     """The warm-up loop ticked for ``engine`` (``ok``: it read, planned and warmed);
     ``interval_s`` is its period (``schedule.window_s``), what the stalled-loop alert measures."""
     now = time.time() if now is None else now
+    one = (engine,)
     with store.pipeline(transaction=False) as pipe:
-        outcome = "ok" if ok else "failed"
-        pipe.hincrbyfloat(SERIES, series_field("prewarm_loop_ticks_total", (engine, outcome)), 1)
-        pipe.hset(SERIES, series_field("prewarm_loop_last_tick_timestamp_seconds", (engine,)), now)
-        if interval_s is not None:
-            pipe.hset(SERIES, series_field("prewarm_loop_interval_seconds", (engine,)), interval_s)
-        if ok:
-            field = series_field("prewarm_loop_last_success_timestamp_seconds", (engine,))
-            pipe.hset(SERIES, field, now)
+        series = _SeriesWriter(pipe)
+        series.add("prewarm_loop_ticks_total", (engine, "ok" if ok else "failed"), 1)
+        series.set({
+            ("prewarm_loop_last_tick_timestamp_seconds", one): now,
+            ("prewarm_loop_interval_seconds", one): interval_s,
+            ("prewarm_loop_last_success_timestamp_seconds", one): now if ok else None,
+        })  # fmt: skip
         pipe.execute()
 
 
@@ -365,8 +408,9 @@ def record_engine_sample(
     """One read of ``engine``'s ``/metrics`` (None: it did not answer)."""
     now = time.time() if now is None else now
     state_key = f"{PREFIX}engine:{engine}"
+    one = (engine,)
     if sample is None:
-        store.hset(SERIES, series_field("prewarm_engine_up", (engine,)), 0)
+        _SeriesWriter(store).set({("prewarm_engine_up", one): 0})
         return
     previous = _sample_from(store.hget(state_key, "sample"))
     hit_rate, ttft = engine_interval(previous, sample)
@@ -375,7 +419,7 @@ def record_engine_sample(
         and None not in (previous.start_time, sample.start_time)
         and previous.start_time != sample.start_time
     )
-    values = {
+    gauges = {
         "prewarm_engine_up": 1.0,
         "prewarm_engine_prefix_cache_hits_total": sample.prefix_hits,
         "prewarm_engine_prefix_cache_queries_total": sample.prefix_queries,
@@ -384,13 +428,11 @@ def record_engine_sample(
         "prewarm_engine_start_time_seconds": sample.start_time,
     }
     with store.pipeline(transaction=False) as pipe:
-        pipe.hset(
-            SERIES,
-            mapping={series_field(k, (engine,)): v for k, v in values.items() if v is not None},
-        )
+        series = _SeriesWriter(pipe)
+        series.set({(name, one): value for name, value in gauges.items()})
         pipe.hset(state_key, "sample", json.dumps(asdict(sample)))
         if restarted:
-            pipe.hincrbyfloat(SERIES, series_field("prewarm_engine_restarts_total", (engine,)), 1)
+            series.add("prewarm_engine_restarts_total", one, 1)
             _history(pipe, engine, "restart", now, {"start_time": sample.start_time})
         _history(pipe, engine, "sample", now, {
             "hits": sample.prefix_hits, "queries": sample.prefix_queries, "hit_rate": hit_rate,
@@ -440,31 +482,20 @@ def record_window(
     warmed and planned (this store) and what the window's requests used (``observed``: requests
     per item key; ``seen_before``: item keys seen in earlier windows)."""
     outcome = window_outcome(window, observed, warm_state(store, engine), seen_before, predicted)
+    one = (engine,)
+    gauges: dict[Series, float | None] = {
+        ("prewarm_warm_coverage_ratio", one): outcome.coverage,
+        ("prewarm_forecast_absolute_error_requests", one): outcome.absolute_error,
+        ("prewarm_forecast_relative_error_ratio", one): outcome.relative_error,
+    }
     with store.pipeline(transaction=False) as pipe:
-        one = (engine,)
-        pipe.hincrbyfloat(
-            SERIES, series_field("prewarm_window_requests_total", one), outcome.requests
-        )
-        pipe.hincrbyfloat(
-            SERIES, series_field("prewarm_window_covered_requests_total", one), outcome.covered
-        )
+        series = _SeriesWriter(pipe)
+        series.add("prewarm_window_requests_total", one, outcome.requests)
+        series.add("prewarm_window_covered_requests_total", one, outcome.covered)
         for cause, count in outcome.misses.items():
-            pipe.hincrbyfloat(
-                SERIES, series_field("prewarm_window_misses_total", (engine, cause)), count
-            )
-            pipe.hset(
-                SERIES, series_field("prewarm_window_misses_requests", (engine, cause)), count
-            )
-        gauges = {
-            "prewarm_warm_coverage_ratio": outcome.coverage,
-            "prewarm_forecast_absolute_error_requests": outcome.absolute_error,
-            "prewarm_forecast_relative_error_ratio": outcome.relative_error,
-        }
-        if any(v is not None for v in gauges.values()):
-            pipe.hset(
-                SERIES,
-                mapping={series_field(k, one): v for k, v in gauges.items() if v is not None},
-            )
+            series.add("prewarm_window_misses_total", (engine, cause), count)
+            gauges["prewarm_window_misses_requests", (engine, cause)] = count
+        series.set(gauges)
         _history(pipe, engine, "window", window[1], outcome.to_dict(), trim=True)
         pipe.execute()
     _trim_items(store, engine)

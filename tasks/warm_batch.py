@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -31,7 +32,7 @@ from tasks.settings import EngineSettings, Settings
 from tasks.targets import adapter as adapter_target
 from tasks.targets import apply_items, verify_items
 from tasks.targets.base import BatchContext, ItemResult, WarmOptions
-from tasks.telemetry import record_batch, record_wal
+from tasks.telemetry import plan_labels, queue_batch, record_wal
 from tasks.wal_store import LeaseLost, WalStore
 
 
@@ -70,6 +71,22 @@ def _kept_alive(renewals: list[Callable[[], object]], period_s: float) -> Iterat
     finally:
         keeper.stopped.set()
         keeper.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class _BatchEnd:
+    """What a batch writes as it ends, queued on its commit's ``MULTI``: its result (what a
+    redelivery finds) and its metrics — one round trip for both."""
+
+    plans: PlanStore
+    plan_id: str
+    items: Sequence[WarmItem]
+    labels: tuple[str, str]
+
+    def queue(self, pipe: Any, summary: dict[str, Any], result: bool = True) -> None:
+        if result:
+            self.plans.record_result(pipe, self.plan_id, summary)
+        queue_batch(pipe, self.labels, self.plan_id, self.items, summary)
 
 
 def _chunks(items: Sequence[WarmItem], size: int) -> list[Sequence[WarmItem]]:
@@ -126,10 +143,10 @@ class BatchRunner:
         items, options, engine_name = self.plans.load_batch(plan_id, batch)
         engine = self.settings.engine(engine_name)
         owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        end = _BatchEnd(self.plans, plan_id, items, plan_labels(self.store, plan_id, engine.name))
         self._claim(plan_id, batch, owner)
         try:
-            summary = self._run_claimed(plan_id, batch, items, engine, options, owner)
-            return record_batch(self.store, engine.name, plan_id, items, summary)
+            return self._run_claimed(end, batch, engine, options, owner)
         finally:
             self.plans.release(plan_id, batch, owner)
 
@@ -150,15 +167,10 @@ class BatchRunner:
         record_wal(self.store, engine.name, "recovered")
 
     def _run_claimed(
-        self,
-        plan_id: str,
-        batch: int,
-        items: Sequence[WarmItem],
-        engine: EngineSettings,
-        options: WarmOptions,
-        owner: str,
+        self, end: _BatchEnd, batch: int, engine: EngineSettings, options: WarmOptions, owner: str
     ) -> dict[str, Any]:
         started = time.perf_counter()
+        plan_id = end.plan_id
         client = self.client(engine, options)
         semaphore = EngineSemaphore(
             self.store, engine.name, engine.max_concurrency, hold_s=self.settings.wal_lease_s
@@ -180,33 +192,34 @@ class BatchRunner:
         ):
             renewals.append(lambda: semaphore.renew(owner))
             if not options.use_wal:
-                return self._run_plain(plan_id, batch, items, ctx, started)
+                return self._run_plain(end, batch, ctx, started)
             txn = self.wal.begin(
                 plan_id, batch, engine.name, owner,
                 extra=lambda pipe, txn_id: self.plans.set_txn(plan_id, batch, txn_id, pipe),
             )  # fmt: skip
             ctx.wal, ctx.txn_id, ctx.owner = self.wal, txn.txn_id, owner
             renewals.append(lambda: self.wal.renew(txn.txn_id, owner))
-            return self._transaction(plan_id, batch, items, ctx, started)
+            return self._transaction(end, batch, ctx, started)
 
     def _run_plain(
-        self, plan_id: str, batch: int, items: Sequence[WarmItem], ctx: BatchContext, started: float
+        self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float
     ) -> dict[str, Any]:
+        items = end.items
         results = [
             r for chunk in _chunks(items, ctx.options.apply_chunk) for r in apply_items(chunk, ctx)
         ]
         if ctx.options.verify:
             verify_items(*confirmed_by_events(items, results, ctx), ctx)
-        summary = _summary(plan_id, batch, ctx, "committed", results, started)
+        summary = _summary(end.plan_id, batch, ctx, "committed", results, started)
         with self.store.pipeline() as pipe:
-            self.plans.record_result(pipe, plan_id, summary)
+            end.queue(pipe, summary)
             pipe.execute()
         return summary
 
     def _transaction(
-        self, plan_id: str, batch: int, items: Sequence[WarmItem], ctx: BatchContext, started: float
+        self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float
     ) -> dict[str, Any]:
-        wal, txn_id, owner = self.wal, ctx.txn_id, ctx.owner
+        wal, txn_id, owner, items = self.wal, ctx.txn_id, ctx.owner, end.items
         results: list[ItemResult] = []
         undo = adapter_target.undo_for(ctx.engine)
         try:
@@ -220,41 +233,38 @@ class BatchRunner:
             raise
         except PrewarmError as exc:
             results = results or [ItemResult(i.key, i.kind, False, str(exc)) for i in items]
-            return self._roll_back(plan_id, batch, results, ctx, started, undo)
+            return self._roll_back(end, batch, results, ctx, started, undo)
         failed = sum(1 for r in results if not r.ok)
         if results and failed / len(results) > ctx.options.max_failure_ratio:
-            return self._roll_back(plan_id, batch, results, ctx, started, undo)
-        summary = _summary(plan_id, batch, ctx, "committed", results, started)
+            return self._roll_back(end, batch, results, ctx, started, undo)
+        summary = _summary(end.plan_id, batch, ctx, "committed", results, started)
         restore = [r.redis_key for r in results if not r.ok and r.redis_key]
         wal.finish(
-            txn_id,
-            owner,
-            TxnState.COMMITTED,
-            restore,
-            extra=lambda pipe: self.plans.record_result(pipe, plan_id, summary),
+            txn_id, owner, TxnState.COMMITTED, restore, extra=lambda pipe: end.queue(pipe, summary)
         )
         return summary
 
     def _roll_back(
         self,
-        plan_id: str,
+        end: _BatchEnd,
         batch: int,
         results: Sequence[ItemResult],
         ctx: BatchContext,
         started: float,
         undo: Any,
     ) -> dict[str, Any]:
-        summary = _summary(plan_id, batch, ctx, "rolled_back", results, started)
+        summary = _summary(end.plan_id, batch, ctx, "rolled_back", results, started)
         try:
             self.wal.rollback(
-                ctx.txn_id,
-                ctx.owner,
-                undo,
-                extra=lambda pipe: self.plans.record_result(pipe, plan_id, summary),
+                ctx.txn_id, ctx.owner, undo, extra=lambda pipe: end.queue(pipe, summary)
             )
         except PrewarmError as exc:
             # An undo step failed (engine down): the lease runs out and the sweep finishes it.
+            # No result is stored (a redelivery runs the batch again); its metrics still count.
             summary.update(state="rollback_pending", error=str(exc))
+            with self.store.pipeline(transaction=False) as pipe:
+                end.queue(pipe, summary, result=False)
+                pipe.execute()
         return summary
 
     def sweep(self) -> list[str]:

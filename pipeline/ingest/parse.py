@@ -19,7 +19,7 @@ import pyarrow as pa
 from pipeline.ingest import formats
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
 from pipeline.ingest.columnar import arrow_to_pandas
-from pipeline.ingest.formats import InputFormat, LogFormat, TraceFormat
+from pipeline.ingest.formats import LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
@@ -31,13 +31,16 @@ _BOUNDARY_SCAN = 8 << 20
 
 @dataclass(frozen=True)
 class ChunkSpec:
-    """One byte range of one file, in a known format; ``index`` orders chunks of a file."""
+    """One byte range of one file, in a known format; ``index`` orders chunks of a file;
+    ``first_line`` is the number of the line at ``start`` (a trace's request ids are
+    ``<file>:<line>``, the same whether the file is read whole or as it grows)."""
 
     path: str
     format: str
     start: int
     end: int | None
     index: int = 0
+    first_line: int = 1
 
 
 def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None:
@@ -57,13 +60,16 @@ def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None
     return None
 
 
-def plan_chunks(path: str | Path, fmt: str, chunk_bytes: int, start: int = 0) -> list[ChunkSpec]:
-    """Chunks of ``path`` from byte ``start`` on, about ``chunk_bytes`` each."""
+def plan_chunks(
+    path: str | Path, fmt: str, chunk_bytes: int, start: int = 0, first_line: int = 1
+) -> list[ChunkSpec]:
+    """Chunks of ``path`` from byte ``start`` (line ``first_line``) on, about ``chunk_bytes``
+    each."""
     path = Path(path)
     size = path.stat().st_size
     log_format = formats.get(fmt)
     if not isinstance(log_format, LogFormat) or is_gzip(path) or size - start <= chunk_bytes:
-        return [ChunkSpec(str(path), fmt, start, None)]
+        return [ChunkSpec(str(path), fmt, start, None, first_line=first_line)]
     cuts = [start]
     target = start + chunk_bytes
     while target < size:
@@ -98,7 +104,7 @@ def parse_pieces(
     """
     log_format = formats.get(spec.format)
     if not isinstance(log_format, LogFormat):
-        yield _parse_trace(spec, options, log_format)
+        yield _parse_trace(spec, options, cast(TraceFormat, log_format), partial_tail)
         return
     reader = LineReader(
         spec.path, Rejects(spec.path), start=spec.start, end=spec.end,
@@ -174,16 +180,24 @@ def merge_pieces(pieces: list[ChunkResult]) -> ChunkResult:
     return merged
 
 
-def _parse_trace(spec: ChunkSpec, options: IngestOptions, trace: InputFormat) -> ChunkResult:
+def _parse_trace(
+    spec: ChunkSpec, options: IngestOptions, trace: TraceFormat, partial_tail: bool
+) -> ChunkResult:
+    """A trace from ``spec.start`` on; an incremental run (``partial_tail`` False) leaves a
+    half-written last line for the next run, as a log's chunks do."""
     result = ChunkResult(spec.path, spec.format, spec.start, spec.end or 0)
     path, rejects = Path(spec.path), Rejects(spec.path)
     result.rejects = rejects
-    heads, result.counts = cast(TraceFormat, trace).read(path, rejects, options)
+    reader = LineReader(
+        path, rejects, start=spec.start, first_line=spec.first_line,
+        max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
+    )  # fmt: skip
+    heads, result.counts = trace.read(path, rejects, options, reader)
     for row in heads:
         row.setdefault("source", trace.source)
     result.heads = heads
-    result.lines = len(result.heads) + len(result.counts) + rejects.total
-    result.bytes_read = result.offset = path.stat().st_size
+    result.lines, result.bytes_read, result.offset = reader.lines, reader.bytes_read, reader.offset
+    rejects.renumber(1 - spec.first_line)  # numbered from the chunk's start, as a log piece's
     return result
 
 

@@ -130,7 +130,9 @@ def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> 
     file_state.format = fmt
     plan = FilePlan(path, fmt, file_state, note)
     if fmt is not None and file_state.size > 0:
-        plan.chunks = plan_chunks(path, fmt, options.chunk_bytes, file_state.offset)
+        plan.chunks = plan_chunks(
+            path, fmt, options.chunk_bytes, file_state.offset, file_state.lines + 1
+        )
     return plan
 
 
@@ -319,14 +321,19 @@ class FileAssembly:
         state.lines += self.summary.lines
 
 
-def _unknown_summary(plan: FilePlan, options: IngestOptions) -> FileSummary:
-    """A file in no known format (or empty): count its lines as rejects, read nothing else."""
+def _unknown_summary(plan: FilePlan, options: IngestOptions, incremental: bool) -> FileSummary:
+    """A file in no known format (or empty): count its lines as rejects, read nothing else.
+    An incremental run leaves a half-written last line out (a growing file's first line, not
+    yet whole, is no reject: it is detected once it is)."""
     summary = FileSummary(str(plan.path), "empty" if plan.state.size == 0 else "unknown")
     summary.rejects = Rejects(str(plan.path))
     if plan.state.size == 0:
         summary.assumptions.append("empty file")
         return summary
-    reader = LineReader(plan.path, Rejects(str(plan.path)), max_line_bytes=options.max_line_bytes)
+    reader = LineReader(
+        plan.path, Rejects(str(plan.path)), max_line_bytes=options.max_line_bytes,
+        partial_tail=not incremental,
+    )  # fmt: skip
     for first, lines in reader:
         for i, line in enumerate(lines):
             if line.strip():
@@ -360,7 +367,7 @@ def run_ingest(
             pool.shutdown()
     for i, plan in enumerate(plans):
         if i not in summaries:
-            summaries[i] = _unknown_summary(plan, options)
+            summaries[i] = _unknown_summary(plan, options, state is not None)
         if state is not None and plan.format is not None:
             state.update(plan.state)
     return [summaries[i] for i in range(len(plans))] + [_skipped(p, why) for p, why in skipped]

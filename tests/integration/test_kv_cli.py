@@ -29,14 +29,23 @@ def test_a_missing_or_bad_endpoint_is_one_line_and_exit_2():
         assert_one_line(result, "--endpoint", "ZMQ endpoint")
 
 
-def test_the_health_check_follows_the_service(tmp_path, store_url):
+@pytest.mark.parametrize("endpoint_from", ["option", "settings"])
+def test_the_health_check_follows_the_service(endpoint_from, tmp_path, store_url):
     events = f"tcp://127.0.0.1:{free_port()}"
     env = {**REDIS_ENV, "PREWARM_DATA_DIR": str(tmp_path)}
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
     config = SimulatorConfig(kv_events_endpoint=events.replace("127.0.0.1", "*"))
-    with SimulatorServer(config):
+    with SimulatorServer(config) as sim:
         assert prewarm("kv-events", "--engine", "sim", "--check", env=env).returncode == 2
-        args = [prewarm_script(), "kv-events", "--engine", "sim", "--endpoint", events]
+        args = [prewarm_script(), "kv-events", "--engine", "sim"]
+        if endpoint_from == "option":
+            args += ["--endpoint", events]
+        else:  # the engine's [[sources]] kind = "kv-events" entry
+            toml = tmp_path / "prewarm.toml"
+            toml.write_text(f'[[engines]]\nname = "sim"\nurl = "{sim.url}"\nmodel = "sim-llm"\n'
+                            f'[[sources]]\nengine = "sim"\nkind = "kv-events"\n'
+                            f'endpoint = "{events}"\n')  # fmt: skip
+            env["PREWARM_CONFIG"] = str(toml)
         proc = subprocess.Popen(
             args, env={**inherited, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

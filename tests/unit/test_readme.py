@@ -38,7 +38,8 @@ def test_every_field_of_every_settings_section_is_documented():
     sections = (
         settings_module.EngineSettings, settings_module.TemplateRepoSettings,
         settings_module.BudgetSettings, settings_module.ScheduleSettings,
-        settings_module.TenantSettings,
+        settings_module.TenantSettings, settings_module.SourceSettings,
+        settings_module.KvEventSourceSettings, settings_module.LoopSettings,
     )  # fmt: skip
     for section in sections:
         for field in section.model_fields:
@@ -50,3 +51,5 @@ def test_the_example_config_file_loads():
 
     settings = load_settings({}, REPO_ROOT / "config" / "prewarm.example.toml")
     assert settings.engine("simulator").kind == "simulator"
+    kv = settings.kv_events_of("simulator")  # what compose's kv-events service follows
+    assert kv is not None and kv.endpoint == "tcp://simulator:5557"

@@ -121,3 +121,65 @@ def test_log_records_carry_urls_with_the_password_masked(caplog):
     assert "hunter2" not in text and "tok@" not in text
     assert "http://ops:***@vllm:8000/health" in text and "redis://:***@redis:6379/0" in text
     assert "https://***@h/" in text
+
+
+KV_ENGINE = '[[engines]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodel = "m"\n'
+KV_SOURCE = '[[sources]]\nengine = "a"\nkind = "kv-events"\n'
+
+
+def _kv_settings(tmp_path, source: str):
+    path = tmp_path / "kv.toml"
+    path.write_text(KV_ENGINE + '[[sources]]\nengine = "a"\nkind = "vllm-log"\npath = "x.log"\n'
+                    + source)  # fmt: skip
+    return load_settings({}, path)
+
+
+def test_a_kv_events_source_is_the_engines_event_stream_not_a_file_to_read(tmp_path):
+    source = KV_SOURCE + 'endpoint = "tcp://vllm:5557"\nreplay_endpoint = "tcp://vllm:5558"\n'
+    settings = _kv_settings(tmp_path, source + 'topic = "kv"\n')
+    kv = settings.kv_events_of("a")
+    assert kv is not None and kv.kind == "kv-events" and kv.topic == "kv"
+    assert (kv.endpoint, kv.replay_endpoint) == ("tcp://vllm:5557", "tcp://vllm:5558")
+    assert [s.kind for s in settings.sources_of("a")] == ["vllm-log"]  # what the loop reads
+    assert _kv_settings(tmp_path, "").kv_events_of("a") is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ('endpoint = "http://vllm:5557"\n', r"'sources\.1\.endpoint': .*must be a ZMQ endpoint"),
+        ('endpoint = "tcp://vllm"\n', r"'sources\.1\.endpoint': .*needs the host and port"),
+        ('endpoint = "tcp://*:5557"\n', r"'sources\.1\.endpoint': .*needs the host and port"),
+        ('endpoint = "tcp://vllm:5557"\nreplay_endpoint = "vllm:5558"\n',
+         r"'sources\.1\.replay_endpoint': .*must be a ZMQ endpoint"),
+        ("", r"'sources\.1\.endpoint': Field required"),
+        ('endpoint = "tcp://vllm:5557"\npath = "x.log"\n', r"'sources\.1\.path': Extra inputs"),
+        ('endpoint = "tcp://vllm:5557"\ntopic = 7\n', r"'sources\.1\.topic'"),
+    ],
+)  # fmt: skip
+def test_a_bad_kv_events_source_names_its_field(tmp_path, lines, message):
+    with pytest.raises(SettingsError, match=message):
+        _kv_settings(tmp_path, KV_SOURCE + lines)
+
+
+def test_one_kv_events_source_per_engine(tmp_path):
+    one = KV_SOURCE + 'endpoint = "tcp://vllm:5557"\n'
+    with pytest.raises(SettingsError, match="more than one kv-events source for engine 'a'"):
+        _kv_settings(tmp_path, one + one)
+
+
+def test_the_kv_events_service_takes_its_endpoints_from_the_settings(tmp_path):
+    from jobs.kv_service import kv_source
+    from pipeline.errors import BadInputError
+
+    source = KV_SOURCE + 'endpoint = "tcp://vllm:5557"\nreplay_endpoint = "tcp://vllm:5558"\n'
+    settings = _kv_settings(tmp_path, source)
+    kv = kv_source(settings, "a", None, None, None)
+    assert (kv.endpoint, kv.replay_endpoint, kv.topic) == ("tcp://vllm:5557", "tcp://vllm:5558", "")
+    given = kv_source(settings, "a", "tcp://other:1", None, "t")  # options win, not mixed
+    assert (given.endpoint, given.replay_endpoint, given.topic) == ("tcp://other:1", None, "t")
+    with pytest.raises(BadInputError, match='engine = "b", kind = "kv-events"'):
+        kv_source(settings, "b", None, None, None)
+    with pytest.raises(BadInputError, match="must be a ZMQ endpoint") as error:
+        kv_source(settings, "a", "vllm:5557", None, None)
+    assert error.value.where == "--endpoint"

@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline.ingest import traces
 from pipeline.ingest.formats.base import TraceFormat
+from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 
@@ -29,9 +30,9 @@ class AzureFormat(TraceFormat):
         return bool(lines) and lines[0].startswith(HEADER)
 
     def read(
-        self, path: Path, rejects: Rejects, options: IngestOptions
+        self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return traces.azure_rows(path, rejects), []
+        return traces.azure_rows(path, rejects, reader), []
 
 
 FORMAT = AzureFormat("azure", "trace", rank=50)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from pipeline.ingest.chunk import ChunkResult
+from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 
@@ -111,12 +112,14 @@ class LogFormat(InputFormat):
 
 @dataclass(frozen=True)
 class TraceFormat(InputFormat):
-    """A trace: read whole, rows already in record (or counts) form, times absolute."""
+    """A trace: one chunk, one row a line, rows already in record (or counts) form, times
+    absolute."""
 
     def read(
-        self, path: Path, rejects: Rejects, options: IngestOptions
+        self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Record rows and counts-shape rows of the whole file."""
+        """Record rows and counts-shape rows of the lines ``reader`` reads (the whole file, or
+        what an incremental run has not read yet)."""
         raise NotImplementedError
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.ingest import traces
 from pipeline.ingest.formats.base import TraceFormat
+from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 
@@ -22,9 +23,9 @@ class MooncakeFormat(TraceFormat):
         return obj is not None and "hash_ids" in obj and "input_length" in obj
 
     def read(
-        self, path: Path, rejects: Rejects, options: IngestOptions
+        self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return traces.mooncake_rows(path, rejects, traces.epoch_of(options.trace_epoch)), []
+        return traces.mooncake_rows(path, rejects, traces.epoch_of(options.trace_epoch), reader), []
 
 
 FORMAT = MooncakeFormat("mooncake", "trace", rank=40)

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.ingest import traces
 from pipeline.ingest.formats.base import TraceFormat
+from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 
@@ -22,9 +23,9 @@ class PrewarmJsonlFormat(TraceFormat):
         return obj is not None and "ts" in obj and "hash_ids" not in obj
 
     def read(
-        self, path: Path, rejects: Rejects, options: IngestOptions
+        self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return traces.jsonl_rows(path, rejects, options.block_size), []
+        return traces.jsonl_rows(path, rejects, options.block_size, reader), []
 
 
 FORMAT = PrewarmJsonlFormat("prewarm-jsonl", "trace", rank=70)

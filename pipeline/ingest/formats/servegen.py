@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline.ingest import traces
 from pipeline.ingest.formats.base import TraceFormat
+from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 
@@ -30,9 +31,9 @@ class ServeGenFormat(TraceFormat):
         return named and any(self.matches(line) for line in lines)
 
     def read(
-        self, path: Path, rejects: Rejects, options: IngestOptions
+        self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return [], traces.servegen_rows(path, rejects, traces.epoch_of(options.trace_epoch))
+        return [], traces.servegen_rows(path, rejects, traces.epoch_of(options.trace_epoch), reader)
 
 
 FORMAT = ServeGenFormat("servegen", "trace", rank=60)
