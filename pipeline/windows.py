@@ -141,12 +141,14 @@ def _item_rows(records: pd.DataFrame, base: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def item_window_counts(
-    records: pd.DataFrame, window: str = "10min", timing: bool = False
+    records: pd.DataFrame, window: str = "10min", timing: bool = False, ordered: bool = True
 ) -> pd.DataFrame:
     """Per item and window: requests and token sums (the counts shape; see the module doc).
 
     ``timing`` adds the optional columns of :data:`TIMING_DTYPES` (within-window recency and
-    chain position), which per-window counts alone lose.
+    chain position), which per-window counts alone lose. ``ordered=False`` leaves the rows in
+    no particular order (for partial counts summed and sorted later: sorting ~900k rows of a
+    200 MB vLLM log's chunks is half the grouping's cost).
     """
     dtypes = {**COUNT_DTYPES, **(TIMING_DTYPES if timing else {})}
     if records.empty:
@@ -163,7 +165,7 @@ def item_window_counts(
          "chain_depth": ("depth", "min"), "leaf_requests": ("leaf", "sum")}
         if timing else {}
     )  # fmt: skip
-    counts = rows.groupby([*KEYS, "window_start"], sort=True, observed=True).agg(
+    counts = rows.groupby([*KEYS, "window_start"], sort=ordered, observed=True).agg(
         requests=("prompt_tokens", "size"),
         prompt_tokens=("prompt_tokens", "sum"),
         output_tokens=("output_tokens", "sum"),
