@@ -105,7 +105,7 @@ class ChunkResult:
     counts: list[dict[str, Any]] = field(default_factory=list)
     #: request ids of the heads (tails of later pieces join the latest head with their id)
     head_ids: list[str] = field(default_factory=list)
-    #: where this piece's heads and metrics parts were written (``<part>.heads.parquet`` ...)
+    #: where this piece's heads and metrics parts were written (``<part>.heads.arrow`` ...)
     part: str = ""
 
 

@@ -42,7 +42,7 @@ _TAIL = (
 _UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _UNIT_NAMES = pa.array(list(_UNITS))
 _FACTORS = pa.array(list(_UNITS.values()), pa.float64())
-_DURATION = r"^(?P<n>\d+(?:\.\d+)?)(?P<u>ns|µs|us|ms|s)$"
+_DURATION = r"^\d+(?:\.\d+)?(?:ns|µs|us|ms|s)$"
 _U64_MAX = Decimal(2**64 - 1)
 _ZERO = pa.scalar(Decimal(0), pa.decimal128(20, 0))
 
@@ -54,12 +54,15 @@ def _part(found: pa.Array, name: str) -> pa.Array:
 
 
 def durations_s(text: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Rust ``Duration`` Debug texts in seconds, and where a present text was not one."""
-    found = pc.extract_regex(text, _DURATION)
-    number = pc.cast(pc.struct_field(found, "n"), pa.float64(), safe=False)
-    factor = pc.take(_FACTORS, pc.index_in(pc.struct_field(found, "u"), value_set=_UNIT_NAMES))
-    seconds = pc.if_else(pc.is_valid(found), pc.multiply(number, factor), None)
-    return seconds, pc.and_kleene(pc.is_valid(text), pc.invert(pc.is_valid(found)))
+    """Rust ``Duration`` Debug texts in seconds, and where a present text was not one.
+
+    Checked by a pattern without groups, then cut by trimming: RE2 reads groups ~3x slower."""
+    valid = pc.fill_null(pc.match_substring_regex(text, _DURATION), False)
+    number = pc.if_else(valid, pc.utf8_rtrim(text, characters="nsµum"), "0")
+    unit = pc.utf8_ltrim(text, characters="0123456789.")
+    factor = pc.take(_FACTORS, pc.index_in(unit, value_set=_UNIT_NAMES))
+    seconds = pc.if_else(valid, pc.multiply(pc.cast(number, pa.float64()), factor), None)
+    return seconds, pc.and_kleene(pc.is_valid(text), pc.invert(valid))
 
 
 def arrow_to_pandas(values: pa.Array, dtype: str) -> pd.api.extensions.ExtensionArray:

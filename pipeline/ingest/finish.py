@@ -18,7 +18,6 @@ from typing import Any, TypeVar, cast
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
@@ -66,12 +65,14 @@ class FinishedPart:
 
 def read_part(path: str) -> pd.DataFrame:
     """Read a scratch part back (``prefix_hashes`` as lists again)."""
-    frame = pq.read_table(path).to_pandas()
-    if "prefix_hashes" in frame:
-        frame["prefix_hashes"] = [
-            list(h) if h is not None and not isinstance(h, float) else None
-            for h in frame["prefix_hashes"]
-        ]
+    with pa.OSFile(path, "rb") as source:  # read whole, not mapped: its pages stay private
+        table = pa.ipc.open_file(source).read_all()
+    if "prefix_hashes" not in table.column_names:
+        return table.to_pandas()
+    # Arrow's lists straight to Python lists: ~4x faster than through pandas' arrays of objects
+    hashes = table.column("prefix_hashes").to_pylist()
+    frame = table.drop_columns(["prefix_hashes"]).to_pandas()
+    frame.insert(table.column_names.index("prefix_hashes"), "prefix_hashes", hashes)
     return frame
 
 
@@ -89,7 +90,7 @@ def finish_part(job: PartJob) -> FinishedPart:
     del frame  # the heads and the records of a chunk are never both needed past this point
     done.rows = len(records)
     if not records.empty:
-        done.counts = item_window_counts(records, job.window)
+        done.counts = item_window_counts(records, job.window, ordered=False)  # summed later
     if job.as_table:
         done.table = records_table(records)
     else:

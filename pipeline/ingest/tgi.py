@@ -281,13 +281,12 @@ class TgiChunkParser:
             list(lines), _printed_parameters, self._parameter_fields, ENDPOINTS
         )
         taken = []
-        for i, line in enumerate(lines):
-            if fast[i] and self.current is not None:
+        for i, (line, read_here) in enumerate(zip(lines, fast.tolist(), strict=True)):
+            if read_here and self.current is not None:
                 self._flush()  # an event still open may be an ``Input:`` this line joins
-            if fast[i] and not self.inputs:
+            if read_here and not self.inputs:
                 taken.append(i)
             else:
-                fast[i] = False
                 self._text_line(line, first_line + i)
         if frame is not None and taken:
             read = frame[np.isin(frame["_line"].to_numpy(), taken)].reset_index(drop=True)

@@ -20,6 +20,7 @@ from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     python_str_at,
 )
+from pipeline.ingest.vllm_columns import ENVELOPED, line_kinds
 from pipeline.ingest.vllm_fields import (
     endpoint_of,
     sampling_fields,
@@ -127,8 +128,12 @@ def _strip_ansi(line: str) -> str:
 class VllmChunkParser:
     """Parse the lines of one chunk of a vLLM log into heads, tails and metrics."""
 
-    def __init__(self, result: ChunkResult, block_size: int, instance: str) -> None:
+    def __init__(
+        self, result: ChunkResult, block_size: int, instance: str, *, columnar: bool = True
+    ) -> None:
         self.out = result
+        #: read the blocks' envelopes column-wise first (False: every line by the Python path)
+        self.columnar = columnar
         self.block_size = block_size
         self.instance = instance
         self.requests: dict[str, dict[str, Any]] = {}
@@ -144,25 +149,44 @@ class VllmChunkParser:
     # --- the line loop ---------------------------------------------------------------------
 
     def feed(self, first_line: int, lines: Sequence[str]) -> None:
-        """Parse a block of lines numbered from ``first_line``."""
-        fast = _FAST_LINE.match
-        for line_no, line in enumerate(lines, first_line):
+        """Parse a block of lines numbered from ``first_line``: envelopes read column-wise
+        (:mod:`pipeline.ingest.vllm_columns`), every other line by :meth:`_line`."""
+        if not self.columnar:
+            for line_no, line in enumerate(lines, first_line):
+                self._line(line, line_no)
+            return
+        found = line_kinds(lines)
+        kinds, message_at, stamps = found.kinds.tolist(), found.message_at, found.ts
+        for i, line in enumerate(lines):
+            line_no = first_line + i
+            if kinds[i] != ENVELOPED:
+                self._line(line, line_no)
+                continue
+            msg = line[message_at[i] :]
+            if "\x1b" in msg:  # a code after the envelope: the per-line path strips them
+                self._line(line, line_no)
+                continue
             self.line_no = line_no
-            match = fast(line)
-            if match is not None and line.find("\x1b", match.end()) < 0:
-                level, ts = match.group(1, 2)
-                if ts is None:
-                    self._access(match, line_no)
-                    continue
-                msg = line[match.end() :]
-                if msg.endswith("\r"):
-                    msg = msg[:-1]
-            else:
-                found = self._envelope(line, line_no)
-                if found is None:
-                    continue
-                level, ts, msg = found
-            self._enveloped(msg, level, ts, line_no)
+            self._enveloped(msg[:-1] if msg.endswith("\r") else msg, "INFO", stamps[i], line_no)
+
+    def _line(self, line: str, line_no: int) -> None:
+        """One line by the per-line path (the reference for the column-wise one)."""
+        self.line_no = line_no
+        match = _FAST_LINE.match(line)
+        if match is not None and line.find("\x1b", match.end()) < 0:
+            level, ts = match.group(1, 2)
+            if ts is None:
+                self._access(match, line_no)
+                return
+            msg = line[match.end() :]
+            if msg.endswith("\r"):
+                msg = msg[:-1]
+        else:
+            found = self._envelope(line, line_no)
+            if found is None:
+                return
+            level, ts, msg = found
+        self._enveloped(msg, level, ts, line_no)
 
     def _enveloped(self, msg: str, level: str, ts: str, line_no: int) -> None:
         """A line with an envelope: its message, then its time counts (a rejected line, cut

@@ -9,8 +9,9 @@ not, and each garbage line must be counted once as rejected.
 Two limits come from the formats, not from the parser:
 
 * Inside and right after a TGI message printed raw over several lines (``Input:``,
-  ``Output:``), a line without a timestamp *is* the next line of that message (FORMATS.md
-  2.8): only garbage no message can hold is inserted there (invalid UTF-8, over the cap).
+  ``Output:``, a backend's Python exception), a line without a timestamp *is* the next line
+  of that message (FORMATS.md 2.8): only garbage no message can hold is inserted there
+  (invalid UTF-8, over the cap).
 * A line cut inside its message can be a shorter well-formed message (``Given: 50`` of
   ``Given: 5000``), so the cut-off copies are of lines whose end the format marks: vLLM
   ``Received request`` / ``Request … details`` lines (they end with ``.`` after closed lists),
@@ -45,7 +46,11 @@ BINARY = st.binary(max_size=60).map(lambda b: b"\xff" + b.replace(b"\n", b"").re
 #: garbage no multi-line message can hold
 ALWAYS = st.one_of(BINARY, st.just(b"o" * (CAP + 100)))
 ANYWHERE = st.one_of(ALWAYS, st.just(b""), st.just(b"\r"), st.just(PANIC), st.just(b"note: x"))
-MULTILINE = re.compile(r"\.rs:\d+: (?:Input|Output): ")
+#: the messages TGI prints raw, over several lines (``tgi._MULTILINE``): a prompt, a generated
+#: text, a Python exception's text
+MULTILINE = re.compile(
+    r"\.rs:\d+: (?:Input: |Output: |Request failed during generation|Server error)"
+)
 
 
 def _lines(path: Path) -> list[bytes]:
