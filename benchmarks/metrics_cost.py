@@ -141,14 +141,14 @@ def measure_scrape(args: argparse.Namespace, broker: str, store_url: str) -> dic
 # -- throughput ----------------------------------------------------------------------------
 def worker_without_telemetry(celery_args: list[str]) -> None:
     """A Celery worker whose telemetry calls do nothing (the benchmark's control arm)."""
-    import tasks.wal_store
+    import tasks.adapters.wal_store
     import tasks.warm
     import tasks.warm_batch
 
     tasks.warm_batch.plan_labels = lambda store, plan_id, engine: (engine, "cli")
     tasks.warm_batch.queue_batch = lambda *args, **kwargs: None
     tasks.warm_batch.record_wal = lambda *args, **kwargs: None
-    tasks.wal_store.record_wal = lambda *args, **kwargs: None
+    tasks.adapters.wal_store.record_wal = lambda *args, **kwargs: None
     tasks.warm.record_plan = lambda *args, **kwargs: None
     from celery.__main__ import main as celery_main
 

@@ -27,10 +27,10 @@ from starlette.routing import BaseRoute, Route
 
 from pipeline.errors import PrewarmError
 from tasks import telemetry
+from tasks.adapters.connections import ping_redis, redacted
+from tasks.adapters.wal_store import ACTIVE
 from tasks.celery_app import QUEUES
-from tasks.connections import ping_redis, redacted
 from tasks.settings import Settings, current_settings
-from tasks.wal_store import ACTIVE
 
 SERVICE = "prewarm-api"
 #: Modules whose ``webhook_routes()`` the api mounts, if they are installed.

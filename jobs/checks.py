@@ -13,13 +13,13 @@ import httpx
 import typer
 
 from pipeline.errors import BadInputError, TransientError
-from tasks.celery_app import app as celery_app
-from tasks.connections import (
+from tasks.adapters.connections import (
     beat_heartbeat_age,
     check_engine_url,
     check_settings_redis,
     redacted,
 )
+from tasks.celery_app import app as celery_app
 from tasks.health import loop_health_problems
 from tasks.settings import current_settings
 

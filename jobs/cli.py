@@ -117,7 +117,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _translated(exc: Exception) -> PrewarmError | None:
     """prewarm's error for a Redis/broker/HTTP connection failure that escaped a command."""
-    from tasks.connections import translate_connection_error
+    from tasks.adapters.connections import translate_connection_error
     from tasks.settings import current_settings
 
     try:

@@ -59,7 +59,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the warm-up loop per engine: sources, last tick, model, last plan, next tick."""
-    from tasks.connections import check_settings_redis
+    from tasks.adapters.connections import check_settings_redis
     from tasks.events import store_client
     from tasks.loop_status import loop_status
 

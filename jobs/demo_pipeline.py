@@ -15,8 +15,8 @@ import pandas as pd
 import redis
 
 from pipeline.plan import WarmPlan
+from tasks.adapters.plan_store import PlanStore
 from tasks.observations import Observations
-from tasks.plan_store import PlanStore
 from tasks.settings import Settings
 
 

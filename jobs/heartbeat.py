@@ -13,7 +13,7 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from pipeline.errors import PrewarmError
-from tasks.connections import ping_redis, record_beat_heartbeat
+from tasks.adapters.connections import ping_redis, record_beat_heartbeat
 from tasks.settings import current_settings
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.errors import BadInputError
+from tasks.adapters.connections import check_settings_redis
 from tasks.celery_app import QUEUES
 from tasks.celery_app import app as celery_app
-from tasks.connections import check_settings_redis
 from tasks.settings import Settings, current_settings
 
 Opt = typer.Option

@@ -18,8 +18,8 @@ import typer
 
 from pipeline.errors import BadInputError
 from pipeline.template_diff import Reject, TemplateChange, rewarm_set
+from tasks.adapters.template_repos import TemplateRepo, local_repo_config
 from tasks.settings import current_settings
-from tasks.template_repos import TemplateRepo, local_repo_config
 
 templates_app = typer.Typer(help="Prompt templates in git repositories.", no_args_is_help=True)
 

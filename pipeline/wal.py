@@ -10,8 +10,8 @@ before-image of what it touches (for a Redis key: the old value and TTL, or abse
 that cannot be undone — priming an engine's prefix cache — are recorded as irreversible, so an
 operator can see they happened. Rollback walks reversible effects in reverse order; every undo
 step restores a before-image or repeats an idempotent engine call, so running it twice is
-harmless. The Redis store in ``tasks/wal_store.py`` persists these records; this module decides
-what is legal.
+harmless. The Redis store in ``tasks/adapters/wal_store.py`` persists these records; this
+module decides what is legal.
 """
 
 from __future__ import annotations

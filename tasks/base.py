@@ -9,7 +9,7 @@ and stays a few lines that call one service. The policy, as Dramatiq's actor opt
   input is never retried;
 * a soft time limit below the hard one, both below the broker's visibility timeout;
 * ``periodic = True`` (the tasks beat sends): each run's success or failure is recorded in the
-  store (:data:`tasks.redis_keys.TASK_HEALTH`), so a service whose periodic work fails is
+  store (:data:`tasks.adapters.redis_keys.TASK_HEALTH`), so a service whose periodic work fails is
   reported unhealthy (``prewarm health beat``, ``prewarm status``) instead of staying green.
 """
 
@@ -23,7 +23,7 @@ import redis
 from celery import Task
 
 from pipeline.errors import TransientError
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 
 log = logging.getLogger(__name__)
 

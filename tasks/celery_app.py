@@ -73,7 +73,7 @@ app = Celery("prewarm", include=TASK_MODULES)
 
 @app.on_configure.connect
 def _configure(sender: Celery, **_: Any) -> None:
-    from tasks.connections import redact_logged_urls
+    from tasks.adapters.connections import redact_logged_urls
 
     # Workers log at INFO, where httpx prints every engine request's URL with its password.
     redact_logged_urls()

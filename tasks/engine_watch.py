@@ -32,7 +32,7 @@ from pipeline.triggers import (
     counter_delta,
     replica_event,
 )
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.base import PrewarmTask
 from tasks.celery_app import app
 from tasks.events import store_client

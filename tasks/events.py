@@ -19,11 +19,17 @@ from celery import shared_task
 
 from pipeline.errors import BadInputError, TransientError
 from pipeline.template_diff import rewarm_set, template_hotness
-from tasks import redis_keys
+from tasks.adapters import redis_keys
+from tasks.adapters.template_repos import (
+    TemplateRepo,
+    check_sha,
+    is_null_sha,
+    last_sha,
+    repo_config,
+)
 from tasks.celery_app import app
 from tasks.rewarm import hotness, rewarm_repo, store_hotness
 from tasks.settings import Settings, current_settings
-from tasks.template_repos import TemplateRepo, check_sha, is_null_sha, last_sha, repo_config
 
 DELIVERY_TTL_S = 7 * 24 * 3600
 PUSH_LOCK_S = 600

@@ -35,8 +35,8 @@ import redis
 from pipeline.kv_holdings import ReplicaHoldings, chain_content_keys, restore_candidates
 from pipeline.plan import WarmItem, WarmPlan
 from pipeline.planning import plan_from_candidates
+from tasks.adapters.kv_subscriber import KvSubscriber
 from tasks.kv_state import KvStateStore, append_counts, load_holdings, save_holdings
-from tasks.kv_subscriber import KvSubscriber
 from tasks.settings import Settings
 from tasks.targets.base import BatchContext, ItemResult
 

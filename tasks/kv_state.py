@@ -27,8 +27,8 @@ import redis
 
 from pipeline.kv_holdings import ReplicaHoldings
 from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
-from tasks import redis_keys
-from tasks.kv_subscriber import Cursor
+from tasks.adapters import redis_keys
+from tasks.adapters.kv_subscriber import Cursor
 
 PREFIX = redis_keys.KV
 

@@ -34,11 +34,12 @@ from pipeline.planning import configured_adapter_items
 from pipeline.records import records_frame
 from pipeline.triggers import TriggerEvent, drift_events
 from pipeline.warm_outcome import request_items
-from tasks import redis_keys, telemetry
-from tasks.connections import check_engine_url
+from tasks import telemetry
+from tasks.adapters import redis_keys
+from tasks.adapters.connections import check_engine_url
+from tasks.adapters.plan_store import PlanStore
 from tasks.engine_watch import TRIGGER_COOLDOWN_S, cooldown_allows
 from tasks.observations import Observations, ObservationsVersion, models_root
-from tasks.plan_store import PlanStore
 from tasks.planner_entry import plan_for
 from tasks.settings import EngineSettings, Settings
 from tasks.sources import NewData, read_new

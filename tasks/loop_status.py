@@ -13,11 +13,11 @@ from typing import Any
 import redis
 
 from pipeline.errors import BadInputError
-from tasks import redis_keys
+from tasks.adapters import redis_keys
+from tasks.adapters.connections import redacted
+from tasks.adapters.plan_store import PlanStore
 from tasks.base import failing_tasks
-from tasks.connections import redacted
 from tasks.observations import Observations, models_root
-from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings
 from tasks.sources import SourceStates, source_id
 

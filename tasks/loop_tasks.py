@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import shared_task
 
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.base import PrewarmTask
 from tasks.celery_app import app
 from tasks.events import store_client

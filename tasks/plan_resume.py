@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.wal import batches_to_resume, is_stalled
-from tasks.plan_store import PlanStore
-from tasks.wal_store import WalStore
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.wal_store import WalStore
 
 #: Send ``batches`` of a plan (ordered: as a chain) to ``queue`` (None: the default route).
 Dispatch = Callable[[str, list[int], bool, str | None], None]

@@ -31,12 +31,12 @@ from pipeline.planning import TemplateHead, template_head_items
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
-from tasks import redis_keys
-from tasks.plan_store import PlanStore
+from tasks.adapters import redis_keys
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.template_repos import sha_key
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 from tasks.targets.base import WarmOptions
 from tasks.telemetry import record_plan
-from tasks.template_repos import sha_key
 from tasks.warm_batch import BatchRunner
 
 Primer = Callable[[Sequence[WarmItem]], None]

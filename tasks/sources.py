@@ -30,7 +30,7 @@ from pipeline.ingest import IngestOptions, IngestResult, IngestState, ingest_pat
 from pipeline.ingest.state import FileState
 from pipeline.own_requests import without_own_requests
 from pipeline.records import records_frame
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.settings import EngineSettings, Settings, SourceSettings
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from pipeline.triggers import (
     interval_hit_rate,
 )
 from pipeline.warm_outcome import WarmState, WindowOutcome, window_outcome
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 
 PREFIX = redis_keys.METRICS
 SERIES = PREFIX + "series"

@@ -49,12 +49,12 @@ from celery import chain, chord, shared_task
 
 from pipeline.errors import TransientError
 from pipeline.plan import WarmPlan
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.plan_resume import PlanResumer
-from tasks.plan_store import PlanStore
 from tasks.settings import Settings, current_settings
 from tasks.targets.base import WarmOptions
 from tasks.telemetry import record_plan
-from tasks.wal_store import LeaseLost, WalStore
 from tasks.warm_batch import BatchRunner
 
 log = logging.getLogger(__name__)

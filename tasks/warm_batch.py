@@ -24,16 +24,16 @@ import redis
 from pipeline.errors import PrewarmError, TransientError
 from pipeline.plan import WarmItem
 from pipeline.wal import FINAL_STATES, Effect, TxnState
-from tasks.engine_client import EngineClient, RetryPolicy
-from tasks.engine_semaphore import EngineSemaphore
+from tasks.adapters.engine_client import EngineClient, RetryPolicy
+from tasks.adapters.engine_semaphore import EngineSemaphore
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.kv_source import confirmed_by_events
-from tasks.plan_store import PlanStore
 from tasks.settings import EngineSettings, Settings
 from tasks.targets import adapter as adapter_target
 from tasks.targets import apply_items, verify_items
 from tasks.targets.base import BatchContext, ItemResult, WarmOptions
 from tasks.telemetry import plan_labels, queue_batch, record_wal
-from tasks.wal_store import LeaseLost, WalStore
 
 
 class BatchBusy(TransientError):

@@ -25,7 +25,7 @@ import pandas as pd
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmItem, WarmPlan
 from pipeline.planning import PlanRequest, candidates, plan_from_candidates
-from tasks.engine_client import EngineClient, RetryPolicy
+from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.settings import EngineSettings, Settings
 
 log = logging.getLogger(__name__)

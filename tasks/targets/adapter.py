@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pipeline.errors import PrewarmError
 from pipeline.plan import WarmItem
 from pipeline.wal import Effect
-from tasks.engine_client import EngineClient
+from tasks.adapters.engine_client import EngineClient
 from tasks.targets.base import BatchContext, ItemResult
 
 UNLOAD = "unload_adapter"

@@ -15,8 +15,8 @@ from typing import Any
 import redis
 
 from pipeline.wal import Effect
-from tasks.engine_client import Completion, EngineClient
-from tasks.wal_store import RedisWrite, WalStore
+from tasks.adapters.engine_client import Completion, EngineClient
+from tasks.adapters.wal_store import RedisWrite, WalStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from pipeline.errors import PrewarmError
 from pipeline.keys import canonical_json
 from pipeline.plan import WarmItem
 from pipeline.wal import Effect
-from tasks.engine_client import Completion
+from tasks.adapters.engine_client import Completion
 from tasks.targets.base import BatchContext, ItemResult
 
 

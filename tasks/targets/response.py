@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.keys import CacheKey, encode_value
 from pipeline.plan import WarmItem
+from tasks.adapters.wal_store import RedisWrite
 from tasks.targets.base import BatchContext, ItemResult
-from tasks.wal_store import RedisWrite
 
 
 def _checked_key(item: WarmItem, result: ItemResult) -> str | None:

@@ -247,8 +247,8 @@ def wait_loop_warm(store: redis.Redis, since: float, until: float) -> dict | Non
     """The first warm-up the loop ran by itself after ``since`` — on the replica watch's
     trigger, or else on a window tick — once its plan is done (None: none by ``until``). Read
     from the store only."""
-    from tasks.plan_store import PlanStore
-    from tasks.redis_keys import LOOP_LAST_PLANS
+    from tasks.adapters.plan_store import PlanStore
+    from tasks.adapters.redis_keys import LOOP_LAST_PLANS
 
     while time.time() < until:
         for reason in ("replica", "window"):
@@ -301,7 +301,7 @@ def test_the_loop_warms_a_restarted_vllm_with_nothing_typed(loop_stack):
     }
     print("\nvLLM loop:", json.dumps(numbers), flush=True)
     if outcome is None:
-        from tasks.redis_keys import LOOP_LAST_PLANS
+        from tasks.adapters.redis_keys import LOOP_LAST_PLANS
 
         print("no warm-up done:", store.hgetall(LOOP_LAST_PLANS.format(engine=ENGINE)), flush=True)
     assert outcome is not None, loop_stack.stack.services["worker-ingest"].log_tail()

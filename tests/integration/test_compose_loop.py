@@ -69,8 +69,8 @@ def wait_replica_warm(store: redis.Redis, since: float, until: float) -> dict | 
     ``until``). Read from the store only — nothing is asked of prewarm."""
     import json
 
-    from tasks.plan_store import PlanStore
-    from tasks.redis_keys import LOOP_LAST_PLANS
+    from tasks.adapters.plan_store import PlanStore
+    from tasks.adapters.redis_keys import LOOP_LAST_PLANS
 
     while time.time() < until:
         raw = store.hget(LOOP_LAST_PLANS.format(engine="simulator"), "replica")

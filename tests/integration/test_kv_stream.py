@@ -19,7 +19,7 @@ from benchmarks.engines.engine import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.kv_events import BlockStored, encode_sequence
 from pipeline.kv_holdings import ReplicaHoldings
-from tasks.kv_subscriber import KvSubscriber, Received
+from tasks.adapters.kv_subscriber import KvSubscriber, Received
 
 pytestmark = pytest.mark.integration
 WORDS = [

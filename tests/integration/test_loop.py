@@ -24,10 +24,10 @@ from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.plan import WarmPlan
 from pipeline.windows import COUNT_DTYPES
 from tasks import telemetry, warm_plan
+from tasks.adapters.plan_store import PlanStore
 from tasks.loop import WarmLoop
 from tasks.loop_status import loop_status
 from tasks.observations import Observations
-from tasks.plan_store import PlanStore
 from tasks.planner_entry import REASONS, reason_of
 from tasks.settings import (
     EngineSettings,

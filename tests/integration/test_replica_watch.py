@@ -13,8 +13,8 @@ from jobs.watchers import Watcher
 from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from pipeline.triggers import TriggerEvent
+from tasks.adapters.plan_store import PlanStore
 from tasks.engine_watch import observe, parse_metrics
-from tasks.plan_store import PlanStore
 from tasks.rewarm import apply_rewarm
 from tasks.settings import EngineSettings, Settings, SourceSettings, TemplateRepoSettings
 from tasks.warm_batch import BatchRunner

@@ -13,9 +13,9 @@ import pytest
 from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.keys import CacheKey
 from pipeline.template_diff import ChangeKind, rewarm_set, version_tag
+from tasks.adapters.template_repos import TemplateRepo, last_sha
 from tasks.rewarm import apply_rewarm, serving, transaction
 from tasks.settings import TemplateRepoSettings
-from tasks.template_repos import TemplateRepo, last_sha
 
 pytestmark = pytest.mark.integration
 

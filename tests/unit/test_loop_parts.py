@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.errors import SettingsError
 from pipeline.triggers import EngineSample
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.engine_watch import EngineDetectors
 from tasks.observations import Observations, merge_counts
 from tasks.settings import current_settings, load_settings

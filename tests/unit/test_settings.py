@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.errors import SettingsError
-from tasks.connections import redact_logged_urls, redacted
+from tasks.adapters.connections import redact_logged_urls, redacted
 from tasks.settings import load_settings
 
 

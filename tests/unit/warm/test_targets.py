@@ -10,8 +10,8 @@ import pytest
 from pipeline.errors import EngineUnavailableError
 from pipeline.keys import response_key
 from pipeline.plan import WarmItem
-from tasks.cache_client import CacheClient
-from tasks.engine_client import EngineClient, EngineError, RetryPolicy
+from tasks.adapters.cache_client import CacheClient
+from tasks.adapters.engine_client import EngineClient, EngineError, RetryPolicy
 from tasks.settings import EngineSettings
 from tasks.targets.base import BatchContext, WarmOptions
 from tasks.targets.prefix import groups

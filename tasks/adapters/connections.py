@@ -17,7 +17,7 @@ import kombu.exceptions
 import redis
 
 from pipeline.errors import BadInputError, EngineUnavailableError, PrewarmError, TransientError
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.settings import Settings
 
 BEAT_HEARTBEAT_KEY = redis_keys.BEAT_HEARTBEAT

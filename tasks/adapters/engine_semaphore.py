@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import redis
 
 from pipeline.errors import TransientError
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 
 _ACQUIRE = """
 redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[1])

@@ -35,7 +35,7 @@ from pipeline.wal import (
     rollback_order,
     sources,
 )
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.telemetry import record_wal
 
 PREFIX = redis_keys.WAL_PREFIX

@@ -17,7 +17,7 @@ import numpy as np
 import redis
 
 from pipeline.keys import KEY_SCHEME_VERSION, decode_value, safe_part, tenant_namespace
-from tasks.wal_store import as_text
+from tasks.adapters.wal_store import as_text
 
 
 @dataclass(frozen=True, slots=True)

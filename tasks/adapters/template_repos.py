@@ -33,7 +33,7 @@ from pipeline.templates import (
     check_symlink,
     repo_relative_path,
 )
-from tasks import redis_keys
+from tasks.adapters import redis_keys
 from tasks.settings import Settings, TemplateRepoSettings
 
 _SHA = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")

@@ -15,7 +15,7 @@ Messages carry a plan id and a batch number only; everything else is read from h
 claim renewal, a result), which the recovery sweep reads to find plans whose message was lost
 with a worker; ``resumed``/``resumed_at``: how often and when the sweep re-queued the plan.
 
-(key names from :mod:`tasks.redis_keys`).
+(key names from :mod:`tasks.adapters.redis_keys`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import redis
 from pipeline.errors import BadInputError
 from pipeline.plan import WarmItem, WarmPlan
 from pipeline.wal import PlanProgress
-from tasks import redis_keys
+from tasks.adapters import redis_keys
+from tasks.adapters.wal_store import as_text
 from tasks.targets.base import WarmOptions
-from tasks.wal_store import as_text
 
 PLAN_TTL_S = 7 * 24 * 3600
 _RELEASE = """

@@ -15,7 +15,7 @@ ROOT = "pw"
 PLAN = ROOT + ":plan:{plan_id}"
 #: zset of plans not finished yet -> submitted (read by the recovery sweep)
 OPEN_PLANS = ROOT + ":plans:open"
-#: write-ahead-log transactions (``tasks.wal_store``) live under this prefix
+#: write-ahead-log transactions (``tasks.adapters.wal_store``) live under this prefix
 WAL_PREFIX = ROOT + ":wal:"
 WAL_TXN = WAL_PREFIX + "txn:{txn_id}"
 #: the per-engine concurrency semaphore shared by every worker
