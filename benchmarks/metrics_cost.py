@@ -12,11 +12,20 @@ the week (``prewarm report``'s renderer) is timed too.
 simulator at zero latency in its own process, items primed and probed), with two workers on two
 queues: one as shipped, one started by this file with the telemetry calls replaced by no-ops
 (this switch exists only here). Plans alternate between them, ``--repeats`` times; medians of
-items per wall second and per worker-CPU second, batched and one task per item.
+items per wall second and per worker-CPU second, batched and one task per item. Two worker
+processes differ by more than the telemetry (cache, scheduling): run to run, this part swings by
+±10% on the shared 2-core machine.
+
+**Runner** — the same warm-up in one process, so the two arms differ by the telemetry alone: the
+real batch runner (``tasks.warm_batch.BatchRunner``: WAL, prime, verify, commit) runs plans of
+``--items`` items against the same simulator, with the telemetry calls on and switched off
+(:func:`telemetry_off`) back to back, ``--repeats`` times in ABBA order; the overhead is the
+median over repeats of each pair's ratio of the runner's CPU seconds (``time.process_time``: this
+process only, the simulator runs in its own) and of wall seconds, batched and one item per batch.
 
 Usage::
 
-    python benchmarks/metrics_cost.py [--part scrape|throughput|both] [--engines 2]
+    python benchmarks/metrics_cost.py [--part scrape|throughput|runner|both] [--engines 2]
         [--items 4000] [--per-item 400] [--batch-size 64] [--repeats 3]
         [--redis redis://127.0.0.1:6379] [--db 10]
 
@@ -139,21 +148,37 @@ def measure_scrape(args: argparse.Namespace, broker: str, store_url: str) -> dic
 
 
 # -- throughput ----------------------------------------------------------------------------
-def worker_without_telemetry(celery_args: list[str]) -> None:
-    """A Celery worker whose telemetry calls do nothing (the benchmark's control arm)."""
+@contextlib.contextmanager
+def telemetry_off() -> Iterator[None]:
+    """The warm-up path's telemetry calls as no-ops for the duration (the control arm)."""
     import tasks.adapters.wal_store
     import tasks.warm
     import tasks.warm_batch
 
-    tasks.warm_batch.plan_labels = lambda store, plan_id, engine: (engine, "cli")
-    tasks.warm_batch.queue_batch = lambda *args, **kwargs: None
-    tasks.warm_batch.record_wal = lambda *args, **kwargs: None
-    tasks.adapters.wal_store.record_wal = lambda *args, **kwargs: None
-    tasks.warm.record_plan = lambda *args, **kwargs: None
+    patched = {
+        (tasks.warm_batch, "plan_labels"): lambda store, plan_id, engine: (engine, "cli"),
+        (tasks.warm_batch, "queue_batch"): lambda *args, **kwargs: None,
+        (tasks.warm_batch, "record_wal"): lambda *args, **kwargs: None,
+        (tasks.adapters.wal_store, "record_wal"): lambda *args, **kwargs: None,
+        (tasks.warm, "record_plan"): lambda *args, **kwargs: None,
+    }
+    originals = {target: getattr(*target) for target in patched}
+    for (module, name), replacement in patched.items():
+        setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
+
+
+def worker_without_telemetry(celery_args: list[str]) -> None:
+    """A Celery worker whose telemetry calls do nothing (the benchmark's control arm)."""
     from celery.__main__ import main as celery_main
 
-    sys.argv = ["celery", *celery_args]
-    celery_main()
+    with telemetry_off():
+        sys.argv = ["celery", *celery_args]
+        celery_main()
 
 
 def start_worker(env: dict[str, str], log: Path, queue: str, telemetry_on: bool) -> Any:
@@ -245,9 +270,67 @@ def _alternate(args: argparse.Namespace, settings: Any, arms: dict[str, bool],
     return {"items_per_s_wall_cpu": medians, "overhead": overhead}
 
 
+# -- runner (one process) ------------------------------------------------------------------
+def run_plan_here(store: redis.Redis, settings: Any, n: int, batch_size: int,
+                  on: bool) -> tuple[float, float]:  # fmt: skip
+    """(CPU s, wall s) per item of one plan of ``n`` items run here by the real batch runner."""
+    from tasks.adapters.plan_store import PlanStore
+    from tasks.warm_batch import BatchRunner
+
+    plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
+                    PlanBudget(batch_size=batch_size))  # fmt: skip
+    arm = contextlib.nullcontext() if on else telemetry_off()
+    with arm:
+        if on:
+            telemetry.record_plan(store, plan, "sim")
+        plans = PlanStore(store)
+        batches = plans.save(plan, "sim", WarmOptions(batch_size, ordered=True))
+        runner = BatchRunner(store, settings)
+        cpu, wall = time.process_time(), time.perf_counter()
+        for batch in range(batches):
+            runner.run(plan.plan_id, batch)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if plans.report(plan.plan_id)["items_ok"] != n:
+        raise SystemExit(f"plan {plan.plan_id}: {plans.report(plan.plan_id)}")
+    return cpu / n, wall / n
+
+
+def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dict[str, Any]:
+    from tasks.settings import EngineSettings, Settings
+
+    store = redis.Redis.from_url(store_url)
+    with simulator_process() as sim_url:
+        engine = EngineSettings(name="sim", url=sim_url, model="sim-llm", kind="simulator",
+                                max_concurrency=8)  # fmt: skip
+        settings = Settings(redis_url=broker, store_url=store_url, engines=(engine,))
+        shapes = {"batched": (args.items, args.batch_size), "per item": (args.per_item, 1)}
+        for on in (True, False):  # warm-up: imports, connections
+            run_plan_here(store, settings, 200, args.batch_size, on)
+        samples: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        for repeat in range(args.repeats):  # paired, in ABBA order: drift hits both arms alike
+            for shape, (n, size) in shapes.items():
+                for on in (True, False) if repeat % 2 == 0 else (False, True):
+                    samples.setdefault((shape, on), []).append(
+                        run_plan_here(store, settings, n, size, on))  # fmt: skip
+    medians = {key: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
+               for key, runs in samples.items()}  # fmt: skip
+    # each repeat's own ratio (the arms ran back to back), then the median over repeats
+    paired = {f"{shape} {label}": round(statistics.median(
+                  on[k] / off[k] for on, off in zip(samples[(shape, True)], samples[(shape, False)],
+                                                    strict=True)) - 1, 4)
+              for shape in shapes for k, label in ((0, "runner CPU"), (1, "wall"))}  # fmt: skip
+    return {
+        "ms_per_item_cpu_wall": {f"{shape}, {'metrics' if on else 'no metrics'}":
+                                 [round(c * 1000, 4), round(w * 1000, 4)]
+                                 for (shape, on), (c, w) in medians.items()},
+        "overhead": paired,
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("scrape", "throughput", "both"), default="both")
+    parser.add_argument("--part", choices=("scrape", "throughput", "runner", "both"),
+                        default="both", help="both: scrape and throughput")  # fmt: skip
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--watch-s", type=float, default=10.0)
     parser.add_argument("--plan-items", type=int, default=50)
@@ -262,8 +345,10 @@ def main() -> None:
     args = parser.parse_args()
     broker, store_url = f"{args.redis}/{args.db}", f"{args.redis}/{args.db + 1}"
     results: dict[str, Any] = {"args": vars(args)}
-    for part, measure in (("scrape", measure_scrape), ("throughput", measure_throughput)):
-        if args.part in (part, "both"):
+    parts = (("scrape", measure_scrape), ("throughput", measure_throughput),
+             ("runner", measure_runner))  # fmt: skip
+    for part, measure in parts:
+        if args.part == part or (args.part == "both" and part != "runner"):
             for url in (broker, store_url):
                 redis.Redis.from_url(url).flushdb()
             results[part] = measure(args, broker, store_url)

@@ -174,6 +174,19 @@ def _field(name: str, labels: tuple[str, ...]) -> str:
 Series = tuple[str, tuple[str, ...]]
 
 
+#: A batch's metrics in one command: ARGV[1] counters (field, value pairs) added to the series
+#: hash KEYS[1], then the batch's event (score, member) into the history KEYS[2], then (when
+#: given) its warmed keys (field, value) into KEYS[3].
+_BATCH = """
+local n = tonumber(ARGV[1])
+for i = 2, 2 * n, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local at = 2 * n + 2
+redis.call('ZADD', KEYS[2], ARGV[at], ARGV[at + 1])
+if ARGV[at + 2] then redis.call('HSET', KEYS[3], ARGV[at + 2], ARGV[at + 3]) end
+return 0
+"""
+
+
 class _SeriesWriter:
     """Writes to the ``series`` hash, queued on one pipeline (or sent on a client)."""
 
@@ -203,12 +216,16 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _event(kind: str, ts: float, data: Mapping[str, Any]) -> str:
+    """A history event as stored (a unique member of the history's sorted set)."""
+    return json.dumps({"kind": kind, "ts": ts, **data, "id": os.urandom(4).hex()})
+
+
 def _history(
     pipe: Any, engine: str, kind: str, ts: float, data: Mapping[str, Any], trim: bool = False
 ) -> None:
     """Add an event; ``trim`` (on the infrequent events) drops those older than the history."""
-    member = json.dumps({"kind": kind, "ts": ts, **data, "id": os.urandom(4).hex()})
-    pipe.zadd(_history_key(engine), {member: ts})
+    pipe.zadd(_history_key(engine), {_event(kind, ts, data): ts})
     if trim:
         pipe.zremrangebyscore(_history_key(engine), "-inf", ts - HISTORY_S)
 
@@ -307,24 +324,27 @@ def queue_batch(
     warmed, verified = (
         (int(summary.get("items", 0)), int(summary.get("ok", 0))) if committed else (0, 0)
     )
-    series = _SeriesWriter(pipe)
-    series.add("prewarm_batches_total", (*labels, state), 1)
-    series.add("prewarm_items_warmed_total", labels, warmed)
-    series.add("prewarm_items_verified_total", labels, verified)
-    series.add("prewarm_items_failed_total", labels, int(summary.get("failed", 0)))
-    series.add("prewarm_tokens_primed_total", labels, sum(item.tokens for item in ok))
-    series.add("prewarm_warm_seconds_total", labels, float(summary.get("seconds", 0.0)))
+    counters: dict[Series, float] = {
+        ("prewarm_batches_total", (*labels, state)): 1,
+        ("prewarm_items_warmed_total", labels): warmed,
+        ("prewarm_items_verified_total", labels): verified,
+        ("prewarm_items_failed_total", labels): int(summary.get("failed", 0)),
+        ("prewarm_tokens_primed_total", labels): sum(item.tokens for item in ok),
+        ("prewarm_warm_seconds_total", labels): float(summary.get("seconds", 0.0)),
+    }
     if summary.get("txn") and state in ("committed", "rolled_back"):
-        series.add("prewarm_wal_transactions_total", (engine, state), 1)
-    if ok:
-        # One field per batch (one argument, not one per item: this is the hot path).
-        batch_ref = f"{plan_id}:{summary.get('batch')}"
-        pipe.hset(f"{PREFIX}warmed:{engine}", batch_ref, json.dumps([now, _keys(ok)]))
-    _history(pipe, engine, "batch", now, {
+        counters["prewarm_wal_transactions_total", (engine, state)] = 1
+    args: list[Any] = [len(counters)]
+    args += [x for (name, fields), v in counters.items() for x in (series_field(name, fields), v)]
+    args += [now, _event("batch", now, {
         "plan_id": plan_id, "reason": reason, "state": state,
         "items": summary.get("items", 0), "ok": summary.get("ok", 0),
         "failed": summary.get("failed", 0),
-    })  # fmt: skip
+    })]  # fmt: skip
+    if ok:  # one field per batch (not one per item: this is the hot path)
+        args += [f"{plan_id}:{summary.get('batch')}", json.dumps([now, _keys(ok)])]
+    keys = (SERIES, _history_key(engine), f"{PREFIX}warmed:{engine}")
+    pipe.eval(_BATCH, len(keys), *keys, *args)
 
 
 def record_batch(

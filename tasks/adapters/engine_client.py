@@ -158,23 +158,13 @@ class EngineClient:
     def metric_samples(self, names: frozenset[str]) -> list[tuple[str, dict[str, str], float]]:
         """Samples named in ``names`` from the engine's ``/metrics`` as (name, labels, value);
         empty when the engine has no metrics route or does not answer with Prometheus text."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         try:
             response = self.http.get("/metrics")
         except httpx.TransportError:
             return []
         if response.status_code >= 400:
             return []
-        try:
-            return [
-                (sample.name, dict(sample.labels), sample.value)
-                for family in text_string_to_metric_families(response.text)
-                for sample in family.samples
-                if sample.name in names
-            ]
-        except ValueError:  # not Prometheus text
-            return []
+        return samples_from_text(response.text, names)
 
     def prefix_cache_queries(self) -> float | None:
         """``vllm:prefix_cache_queries_total`` from the engine's ``/metrics`` (tokens looked up in
@@ -235,3 +225,22 @@ def _mean_logprob(logprobs: Mapping[str, Any] | None, chat: bool) -> float | Non
     else:
         values = [v for v in logprobs.get("token_logprobs") or [] if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def samples_from_text(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, str], float]]:
+    """Samples named in ``names`` from Prometheus text as (name, labels, value); empty when the
+    text is not Prometheus text. Only the wanted samples' lines go to the parser: an engine's
+    ``/metrics`` is mostly histogram buckets, and a warm-up batch reads it once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prefixes = tuple(names)
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
+    try:
+        return [
+            (sample.name, dict(sample.labels), sample.value)
+            for family in text_string_to_metric_families(wanted + "\n")
+            for sample in family.samples
+            if sample.name in names
+        ]
+    except ValueError:  # not Prometheus text
+        return []

@@ -214,3 +214,34 @@ def test_a_sample_that_finds_nothing_cached_has_every_item_probed_and_failed():
     verify_items(items, results, ctx)
     assert [r.ok for r in results] == [False, False, False]
     assert len(seen) == 3 + 3  # primes, the sample, then the other two probed alone
+
+
+VLLM_METRICS = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 2816.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny-llama"} 1408.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="tiny-llama"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 3.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny-llama"} 3.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",enable_prefix_caching="True",num_gpu_blocks="64"} 1.0
+vllm:prefix_cache_queries_total_other{engine="1"} 7.0
+"""
+
+
+def test_metric_samples_come_from_the_wanted_lines_only():
+    from tasks.adapters.engine_client import samples_from_text
+
+    queries = samples_from_text(VLLM_METRICS, frozenset({"vllm:prefix_cache_queries_total"}))
+    assert queries == [("vllm:prefix_cache_queries_total",
+                        {"engine": "0", "model_name": "tiny-llama"}, 2816.0)]  # fmt: skip
+    (config,) = samples_from_text(VLLM_METRICS, frozenset({"vllm:cache_config_info"}))
+    assert config[1]["num_gpu_blocks"] == "64" and config[2] == 1.0
+    assert samples_from_text(VLLM_METRICS, frozenset({"vllm:absent_total"})) == []
+    assert samples_from_text("<html>not metrics</html>", frozenset({"<html>"})) == []
