@@ -21,11 +21,8 @@ Marked ``vllm`` (one engine start and one restart, 3-4 minutes on 2 cores, measu
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +41,7 @@ from benchmarks.engines.engine import (
     free_port,
     missing_prerequisites,
 )
+from tests.integration.rewarm_stack import post_github_push
 from tests.integration.test_compose import LocalStack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -147,19 +145,7 @@ class LoopStack:
 
     def push_webhook(self, before: str, after: str) -> httpx.Response:
         """A signed GitHub push delivery for ``before..after`` to the api service."""
-        payload = {
-            "ref": "refs/heads/main", "before": before, "after": after,
-            "repository": {"full_name": REPO, "clone_url": f"https://github.com/{REPO}.git"},
-            "pusher": {"name": "ada"}, "commits": [],
-        }  # fmt: skip
-        body = json.dumps(payload).encode()
-        signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        headers = {
-            "Content-Type": "application/json", "X-GitHub-Event": "push",
-            "X-GitHub-Delivery": str(uuid.uuid4()), "X-Hub-Signature-256": f"sha256={signature}",
-        }  # fmt: skip
-        url = f"{self.api_url}/webhooks/github"
-        return httpx.post(url, content=body, headers=headers, timeout=30)
+        return post_github_push(self.api_url, SECRET, REPO, before, after)
 
     def wait_rewarm(self, sha: str, timeout_s: float = 240.0) -> dict:
         """The re-warm record of ``sha`` once it committed or rolled back (from the store)."""

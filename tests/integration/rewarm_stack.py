@@ -53,18 +53,7 @@ class Stack:
 
     def push_webhook(self, before: str, after: str) -> httpx.Response:
         """POST a GitHub push delivery for ``before..after``."""
-        payload = {
-            "ref": "refs/heads/main", "before": before, "after": after,
-            "repository": {"full_name": REPO, "clone_url": f"https://github.com/{REPO}.git"},
-            "pusher": {"name": "ada"}, "commits": [],
-        }  # fmt: skip
-        body = json.dumps(payload).encode()
-        signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        headers = {
-            "Content-Type": "application/json", "X-GitHub-Event": "push",
-            "X-GitHub-Delivery": str(uuid.uuid4()), "X-Hub-Signature-256": f"sha256={signature}",
-        }  # fmt: skip
-        return httpx.post(f"{self.webhook_url}/webhooks/github", content=body, headers=headers)
+        return post_github_push(self.webhook_url, SECRET, REPO, before, after)
 
     def wait_txn(
         self,
@@ -147,3 +136,22 @@ def rewarm_stack(tmp: Path, store_url: str, files: dict[str, str]) -> Iterator[S
         handle.commit(files, "first")
         yield handle
         os.environ.pop("PREWARM_CONFIG", None)
+
+
+def post_github_push(
+    url: str, secret: str, repo: str, before: str, after: str, timeout_s: float = 30.0
+) -> httpx.Response:
+    """A GitHub push delivery for ``before..after`` of ``repo``, signed with ``secret``, POSTed
+    to ``url``'s ``/webhooks/github``."""
+    payload = {
+        "ref": "refs/heads/main", "before": before, "after": after,
+        "repository": {"full_name": repo, "clone_url": f"https://github.com/{repo}.git"},
+        "pusher": {"name": "ada"}, "commits": [],
+    }  # fmt: skip
+    body = json.dumps(payload).encode()
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    headers = {
+        "Content-Type": "application/json", "X-GitHub-Event": "push",
+        "X-GitHub-Delivery": str(uuid.uuid4()), "X-Hub-Signature-256": f"sha256={signature}",
+    }  # fmt: skip
+    return httpx.post(f"{url}/webhooks/github", content=body, headers=headers, timeout=timeout_s)
