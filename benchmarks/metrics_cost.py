@@ -191,18 +191,9 @@ def start_worker(env: dict[str, str], log: Path, queue: str, telemetry_on: bool)
                             stderr=subprocess.STDOUT)  # fmt: skip
 
 
-@contextlib.contextmanager
-def plans_without_telemetry(on: bool) -> Iterator[None]:
-    """The submitting side's ``record_plan`` off for the control arm."""
-    import tasks.warm
-
-    original = tasks.warm.record_plan
-    if not on:
-        tasks.warm.record_plan = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        tasks.warm.record_plan = original
+def telemetry_arm(on: bool) -> contextlib.AbstractContextManager[None]:
+    """The arm's telemetry: as shipped (``on``) or switched off (:func:`telemetry_off`)."""
+    return contextlib.nullcontext() if on else telemetry_off()
 
 
 def run_once(
@@ -215,7 +206,7 @@ def run_once(
                     PlanBudget(batch_size=batch_size))  # fmt: skip
     cpu_before = sum(worker.cpu_times()[:2])
     started = time.perf_counter()
-    with plans_without_telemetry(on):
+    with telemetry_arm(on):  # the submitting side's record_plan
         plan_id = submit_plan(plan, settings=settings, options=WarmOptions(batch_size=batch_size),
                               queue=queue)  # fmt: skip
     while not (report := plan_report(plan_id, settings=settings))["done"]:
@@ -279,8 +270,7 @@ def run_plan_here(store: redis.Redis, settings: Any, n: int, batch_size: int,
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
-    arm = contextlib.nullcontext() if on else telemetry_off()
-    with arm:
+    with telemetry_arm(on):
         if on:
             telemetry.record_plan(store, plan, "sim")
         plans = PlanStore(store)
