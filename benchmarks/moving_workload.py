@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.engines.cache_model import FreeQueueCache
 from benchmarks.engines.engine import CPU_BLOCK_TOKENS
-from models.selection import SelectedForecaster
+from models.selection import METRICS, SelectedForecaster
 from pipeline.evaluation import CountMatrix
 from pipeline.ingest.traces import read_servegen
 
@@ -239,8 +239,11 @@ def _oracle(workload: Workload, first_use: Sequence[int]) -> list[list[int]]:
 class Forecasts:
     """prewarm's forecasts: one selection per (day, horizon), fitted on the days before."""
 
-    def __init__(self, workload: Workload, budget: tuple[int, ...], refit_days: int) -> None:
+    def __init__(
+        self, workload: Workload, budget: tuple[int, ...], refit_days: int, metric: str
+    ) -> None:
         self.matrix = workload.matrix()
+        self.metric = metric
         self.refit_days = refit_days
         self.order = _item_order(self.matrix, workload.templates.clients)
         self.budget = budget
@@ -256,9 +259,8 @@ class Forecasts:
         if key not in self.selected:
             started = time.perf_counter()
             until = day * PER_DAY - 1  # the history before that stretch
-            self.selected[key] = SelectedForecaster(self.budget, horizon=horizon).fit(
-                self.matrix, until
-            )
+            selected = SelectedForecaster(self.budget, horizon=horizon, metric=self.metric)
+            self.selected[key] = selected.fit(self.matrix, until)
             self.seconds.append(time.perf_counter() - started)
         items = np.arange(self.matrix.n_items)
         t = restart.last_logged
@@ -295,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     mean_blocks = np.mean([workload.templates.blocks(i) for i in range(args.templates)])
     fits = max(1, int(workload.capacity // mean_blocks))  # heads of a mean size that fit
     budget = tuple(max(1, round(fits * x)) for x in args.budget_multiples)
-    forecasts = Forecasts(workload, budget, args.refit_days)
+    forecasts = Forecasts(workload, budget, args.refit_days, args.metric)
     per_downtime: dict[int, dict[str, object]] = {}
     for minutes in args.downtimes:
         totals = dict.fromkeys([*ARMS, "first_uses"], 0.0)
@@ -371,6 +373,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-multiples", type=float, nargs="+", default=[1.0],
                         help="prewarm selects at these multiples of what fits")  # fmt: skip
     parser.add_argument("--refit-days", type=int, default=1, help="days between selections")
+    parser.add_argument(
+        "--metric",
+        choices=sorted(METRICS),
+        default="first_uses",
+        help="what prewarm's backtest scores (a restart warm-up saves first uses)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not args.clients.is_dir():

@@ -9,13 +9,14 @@ keeps the Poisson mean calibrated while training stays well under a minute on 2 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from models.baselines import HotnessModel, _until
+from models.baselines import HotnessModel, MovingAverage, _until
 from models.features import CATEGORICAL, FEATURE_NAMES, candidates, features_at
 from models.persistence import ModelState
 from pipeline.errors import BadInputError
@@ -46,6 +47,8 @@ class HotnessForecaster(HotnessModel):
     after a downtime of ``horizon - 1`` windows); rows are labelled that many windows ahead.
     ``num_threads`` defaults to 1: on the shared 2-core machine (load ~8) one fit of 150k rows
     took 9 s with one thread and 112 s with two, OpenMP threads spinning against each other.
+    ``blend`` > 0 mixes that share of the moving average (:class:`models.baselines.MovingAverage`)
+    into the trees' forecast: the trees' shape of the day, the average's level.
     """
 
     name = "lightgbm"
@@ -69,7 +72,10 @@ class HotnessForecaster(HotnessModel):
         num_threads: int = 1,
         random_state: int = 0,
         horizon: int = 1,
+        blend: float = 0.0,
     ) -> None:
+        if not 0.0 <= blend <= 1.0:
+            raise BadInputError(f"must be within 0..1, not {blend}", where="blend")
         self.objective = objective
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
@@ -87,17 +93,40 @@ class HotnessForecaster(HotnessModel):
         self.num_threads = num_threads
         self.random_state = random_state
         self.horizon = horizon
+        self.blend = blend
+        self._twin: HotnessForecaster | None = None
+
+    def blended(self, share: float) -> HotnessForecaster:
+        """The same forecaster with ``share`` of the moving average mixed in, sharing this
+        one's booster when both are fitted on the same history (one training for the two)."""
+        twin = HotnessForecaster(**{**self.get_params(), "blend": share})
+        twin._twin = self
+        return twin
 
     def fit(self, matrix: CountMatrix, until: int | None = None) -> HotnessForecaster:
         """Train a fresh booster on history ends up to ``until - 1``; returns ``self``."""
         end = _until(matrix, until)
+        if self._shares_fit(matrix, end):
+            return self
         first = 0 if self.train_windows is None else max(0, end - self.train_windows)
         rounds = self._validated_rounds(matrix, first, end)
         data = self._dataset(matrix, first, end)
         self.booster_ = lgb.train(self.lgb_params(), data, num_boost_round=rounds)
         self.n_rounds_ = rounds
         self._record_fit(matrix, first, end, data)
+        self.fitted_on_ = (next(_FITS), _matrix_key(matrix), end)
         return self
+
+    def _shares_fit(self, matrix: CountMatrix, end: int) -> bool:
+        """Take the twin's booster when it was just fitted on the same history."""
+        twin = self._twin
+        fitted_on = getattr(twin, "fitted_on_", None)
+        if twin is None or fitted_on is None or fitted_on[1:] != (_matrix_key(matrix), end):
+            return False
+        for name in ("booster_", "n_rounds_", "window_", "feature_names_", "trained_from_",
+                     "trained_until_", "n_training_rows_", "fitted_on_"):  # fmt: skip
+            setattr(self, name, getattr(twin, name))
+        return True
 
     def _validated_rounds(self, matrix: CountMatrix, first: int, end: int) -> int:
         """Trees to grow: ``n_estimators``, or fewer when the latest past windows say so."""
@@ -196,6 +225,16 @@ class HotnessForecaster(HotnessModel):
                 f"the model predicts {self.horizon} window(s) ahead, asked for {horizon}",
                 where="horizon",
             )
+        trees = _TREES.get(self, matrix, t, items, horizon)
+        if not self.blend:
+            return trees
+        average = MovingAverage()._predict(matrix, t, items, horizon)
+        return (1.0 - self.blend) * trees + self.blend * average
+
+    def trees_forecast(
+        self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int
+    ) -> np.ndarray:
+        """The booster's own forecast of ``items`` at history end ``t``."""
         rows = features_at(matrix, t, items, horizon)
         raw = self.booster_.predict(rows, raw_score=True, num_threads=self.num_threads)
         if self.objective == "median":
@@ -253,6 +292,30 @@ class HotnessForecaster(HotnessModel):
         return s, items[keep], labels[keep], weights
 
 
+class _LastTreesForecast:
+    """The latest booster forecast, kept for a twin that asks for the same one next (a
+    backtest judges a forecaster and its blend on the same history ends)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.value: np.ndarray | None = None
+
+    def get(self, model: HotnessForecaster, matrix: CountMatrix, t: int, items: np.ndarray,
+            horizon: int) -> np.ndarray:  # fmt: skip
+        fit = getattr(model, "fitted_on_", (id(model.booster_),))[0]  # a loaded model: its own
+        key = (fit, _matrix_key(matrix), t, horizon, len(items), hash(items.tobytes()))
+        if key != self.key or self.value is None:
+            self.key, self.value = None, model.trees_forecast(matrix, t, items, horizon)
+            self.key = key
+        return self.value
+
+
+def _matrix_key(matrix: CountMatrix) -> tuple[int, int, int]:
+    return id(matrix), matrix.n_items, matrix.n_windows
+
+
+_TREES = _LastTreesForecast()
+_FITS = itertools.count()
 _Rows = tuple[int, np.ndarray, np.ndarray, np.ndarray]
 _EWMA = FEATURE_NAMES.index("ewma_fast")
 _LAST = FEATURE_NAMES.index("lag_0")

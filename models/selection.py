@@ -5,7 +5,9 @@ and LightGBM with each of its objectives — by a rolling-origin backtest on the
 the same history: every candidate learns from the windows before the backtest's origin, then
 predicts each of the following windows from the history up to the one before it (``horizon``
 windows ahead), judged with the metric the planner cares about: the captured share of the history
-oracle at the plan's budget(s) (:mod:`pipeline.evaluation`). Candidates within
+oracle at the plan's budget(s) (:mod:`pipeline.evaluation`), in requests (``metric="requests"``,
+what a warm cache serves window after window) or in first uses (``metric="first_uses"``: the
+items a window uses at all, what a warm-up after a restart saves). Candidates within
 ``share_tolerance`` of the best share are a tie, broken by the lowest MAE. The winner is then
 fitted on the whole history and does the predicting; its backtest table goes with it into the
 saved model's metadata (:func:`selection_metadata`), where the planner and ``prewarm status``
@@ -42,12 +44,19 @@ from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
 
 #: LightGBM objectives tried on every selection.
 OBJECTIVES = ("poisson", "tweedie", "median")
+#: The moving average's share in the blend candidate (LightGBM ``median`` and the average).
+BLEND_SHARE = 0.5
 #: The metadata key (under ``extra``) of a saved model's selection report.
 SELECTION_KEY = "selection"
 #: Backtest length cap when the window does not divide a day (one day of windows otherwise).
 MAX_BACKTEST_WINDOWS = 24
 #: A day of 10-minute windows: the longest backtest (ServeGen's daily cycle fits in it).
 MAX_DAY_WINDOWS = 144
+#: What a backtest's share counts: the column of :func:`pipeline.evaluation.summarise` per metric.
+METRICS = {
+    "requests": "share_of_history_oracle",
+    "first_uses": "first_use_share_of_history_oracle",
+}
 #: Item-windows a backtest scores at most: on Mooncake's ~180,000 blocks, 11 one-minute
 #: windows; 6 LightGBM predictions of 180,000 rows take ~2 s each on this machine.
 MAX_BACKTEST_CELLS = 2_000_000
@@ -58,7 +67,8 @@ def candidate_models(
 ) -> dict[str, HotnessModel]:
     """Fresh candidates by name, simplest first: baselines, blends, the day-aware ones
     (``daily``: with a day of history; before it they equal the last window and the EWMA),
-    and (``learning``) LightGBM with each objective."""
+    and (``learning``) LightGBM with each objective and the ``median`` one blended with the
+    moving average (one training serves both)."""
     models: dict[str, HotnessModel] = {
         "last_window": LastWindow(),
         "moving_average": MovingAverage(),
@@ -73,10 +83,9 @@ def candidate_models(
     if learning:
         from models.forecaster import HotnessForecaster  # lightgbm: import only when it competes
 
-        for objective in OBJECTIVES:
-            models[f"lightgbm_{objective}"] = HotnessForecaster(
-                objective=objective, horizon=horizon
-            )
+        trees = {o: HotnessForecaster(objective=o, horizon=horizon) for o in OBJECTIVES}
+        models.update({f"lightgbm_{objective}": model for objective, model in trees.items()})
+        models["lightgbm_median_blend"] = trees["median"].blended(BLEND_SHARE)
     return models
 
 
@@ -120,9 +129,11 @@ def backtest(
     end: int,
     budgets: tuple[int, ...],
     horizon: int = 1,
+    metric: str = "requests",
 ) -> pd.DataFrame:
-    """Per candidate: mean share of the history oracle over ``budgets``, MAE, and seconds,
-    fitted on windows ``0..origin`` and judged on targets ``origin + horizon .. end``."""
+    """Per candidate: mean share of the history oracle over ``budgets`` (in ``metric``, a key
+    of :data:`METRICS`), MAE, and seconds, fitted on windows ``0..origin`` and judged on
+    targets ``origin + horizon .. end``."""
     config = WalkForwardConfig(
         budget_items=budgets,
         first_t=origin,
@@ -134,7 +145,7 @@ def backtest(
     table = walk_forward(matrix, models, config).table
     seconds = time.perf_counter() - started
     scores = table.groupby("model", sort=False).agg(
-        share=("share_of_history_oracle", "mean"), mae=("mae", "first")
+        share=(METRICS[metric], "mean"), mae=("mae", "first")
     )
     scores["share"] = scores["share"].fillna(0.0)
     scores = scores.reset_index()
@@ -147,7 +158,8 @@ class SelectedForecaster(HotnessModel):
     """The backtest winner among :func:`candidate_models`; see the module docstring.
 
     ``budgets``: the plan's item budget(s) the share is measured at; ``backtest`` the history
-    ends scored (default: :func:`backtest_windows`); ``horizon`` the window ahead predicted.
+    ends scored (default: :func:`backtest_windows`); ``horizon`` the window ahead predicted;
+    ``metric`` what the share counts (a key of :data:`METRICS`).
     """
 
     name = "selected"
@@ -160,7 +172,12 @@ class SelectedForecaster(HotnessModel):
         share_tolerance: float = 0.005,
         min_learning_windows: int = 12,
         learning: bool = True,
+        metric: str = "requests",
     ) -> None:
+        if metric not in METRICS:
+            raise BadInputError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
+                                where="selection metric")  # fmt: skip
+        self.metric = metric
         self.budgets = budgets
         self.backtest = backtest
         self.horizon = horizon
@@ -184,7 +201,8 @@ class SelectedForecaster(HotnessModel):
         period = windows_per_day(matrix.window)
         daily = period is not None and origin + self.horizon > period
         models = candidate_models(learning, self.horizon, daily)
-        self.table_ = backtest(matrix, models, origin, end, tuple(self.budgets), self.horizon)
+        self.table_ = backtest(matrix, models, origin, end, tuple(self.budgets), self.horizon,
+                               self.metric)  # fmt: skip
         self.winner_name_ = choose(self.table_, self.share_tolerance)
         self.winner_ = models[self.winner_name_].fit(matrix, end)
         self.note_ = _note(learning, self.learning, end + 1, self.min_learning_windows)
@@ -206,6 +224,7 @@ class SelectedForecaster(HotnessModel):
             "winner": self.winner_name_,
             "kind": self.winner_.name,
             "budgets": list(self.budgets),
+            "metric": self.metric,
             "horizon": self.horizon,
             "backtest_from": self.backtest_span_[0].isoformat(),
             "backtest_until": self.backtest_span_[1].isoformat(),

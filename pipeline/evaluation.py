@@ -8,6 +8,9 @@ fit in ``B`` tokens) form the warmed set, and the step is judged on window ``t +
 * captured share — next-window requests that fall on warmed items, over all next-window requests;
 * oracle — the same for the true next-window top-K (nothing can do better);
 * history oracle — the best top-K among items already seen (what any forecaster could reach);
+* first uses — next-window items used at least once that were warmed: what a warm-up after a
+  restart saves (an engine caches a prefix at its first use, so each used item counts once),
+  with its own history oracle (as many used, seen items as the budget takes);
 * MAE — mean absolute error of predicted counts over the seen items and the next window's items.
 """
 
@@ -246,6 +249,7 @@ def _judge_step(
         name: _predicted(matrix, model, t, seen, config.horizon) for name, model in models.items()
     }
     cost = _item_cost(matrix, t, target)
+    used = (actual > 0).astype(np.float64)
     rows = []
     for label, items, tokens in config.budgets():
         pick = _picker(items, tokens, cost)
@@ -256,6 +260,7 @@ def _judge_step(
             "total": float(actual.sum()),
             "oracle": float(actual[pick(np.arange(matrix.n_items), actual)].sum()),
             "history_oracle": float(actual[pick(seen, actual[seen])].sum()),
+            "first_use_oracle": float((actual[pick(seen, used[seen])] > 0).sum()),
         }
         for name, predicted in predictions.items():
             warmed = pick(seen, predicted[seen])
@@ -264,6 +269,7 @@ def _judge_step(
                     **base,
                     "model": name,
                     "captured": float(actual[warmed].sum()),
+                    "first_uses": float((actual[warmed] > 0).sum()),
                     "abs_error": float(np.abs(predicted[scored] - actual[scored]).sum()),
                     "n_scored": len(scored),
                 }
@@ -320,7 +326,16 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     """Per budget and model, over all steps: captured share, shares of both oracles, MAE."""
     grouped = steps.groupby(["budget", "model"], sort=False)[
-        ["total", "oracle", "history_oracle", "captured", "abs_error", "n_scored"]
+        [
+            "total",
+            "oracle",
+            "history_oracle",
+            "captured",
+            "abs_error",
+            "n_scored",
+            "first_uses",
+            "first_use_oracle",
+        ]
     ].sum()
     table = pd.DataFrame(
         {
@@ -328,6 +343,8 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
             "share_of_history_oracle": grouped["captured"] / grouped["history_oracle"],
             "share_of_oracle": grouped["captured"] / grouped["oracle"],
             "mae": grouped["abs_error"] / grouped["n_scored"],
+            "first_use_share_of_history_oracle": grouped["first_uses"]
+            / grouped["first_use_oracle"],
             "history_oracle_share": grouped["history_oracle"] / grouped["total"],
             "oracle_share": grouped["oracle"] / grouped["total"],
         }

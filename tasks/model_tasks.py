@@ -124,8 +124,9 @@ def train_and_save(
     if reused is not None:
         return reused
     started = time.monotonic()
-    items = budget or current_settings().budget.max_items
-    selected = SelectedForecaster(budgets=(items,))
+    settings = current_settings()
+    items = budget or settings.budget.max_items
+    selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric)
     selected.fit(CountMatrix.from_counts(_counts(path), kind=kind))
     extra = {"source": source, "kind": kind, **selection_metadata(selected)}
     folder = save_model(selected.winner_, root, name, extra=extra)

@@ -185,6 +185,9 @@ class LoopSettings(_Section):
     keep_records: int = Field(20_000, ge=100)
     #: windows of counts before a forecaster is fitted and saved for an engine
     min_windows_for_model: int = Field(8, ge=2)
+    #: what the forecaster's backtest scores: next-window ``requests`` on the warmed items, or
+    #: ``first_uses`` (items used at all: what a warm-up after a restart saves)
+    selection_metric: Literal["requests", "first_uses"] = "requests"
     #: plans kept in the store per engine (older ones are deleted with their keys)
     keep_plans: int = Field(8, ge=1)
 

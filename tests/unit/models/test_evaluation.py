@@ -50,6 +50,17 @@ def test_walk_forward_shares_match_a_hand_count(matrix):
     assert table.loc["last", "mae"] == pytest.approx(18 / 7)
 
 
+def test_first_uses_count_each_used_item_once():
+    # item 0 trickles, item 1 bursts in windows 0 and 2: warming item 0 for window 2 catches a
+    # tenth of its requests, and one first use of the one a budget of one item can take
+    requests = np.array([[1, 1, 1], [5, 0, 10]], dtype=float)
+    matrix = CountMatrix.from_counts(counts_from_matrix(requests, pd.Timedelta(minutes=5)))
+    config = WalkForwardConfig(budget_items=(1,), first_t=1)
+    row = walk_forward(matrix, {"last": LastWindow()}, config).table.set_index("model").loc["last"]
+    assert row["share_of_history_oracle"] == pytest.approx(1 / 10)
+    assert row["first_use_share_of_history_oracle"] == pytest.approx(1.0)
+
+
 def test_a_token_budget_takes_items_while_their_cost_fits(matrix):
     # every item costs 100 prompt tokens per request: 150 tokens buy one item.
     result = walk_forward(

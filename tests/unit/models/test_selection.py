@@ -16,6 +16,7 @@ from models.selection import (
     saved_selection,
     selection_metadata,
 )
+from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
 from tests.unit.models.series import counts_from_matrix, daily_series
 
@@ -60,6 +61,53 @@ def test_a_long_history_lets_lightgbm_compete(moving):
     selected = SelectedForecaster((3,)).fit(moving)
     assert {"lightgbm_poisson", "lightgbm_median"} <= set(selected.table_["model"])
     assert selected.winner_name_ == choose(selected.table_, selected.share_tolerance)
+
+
+def test_the_backtest_scores_first_uses_when_asked_and_says_so(moving):
+    by_requests = SelectedForecaster((3,), learning=False).fit(moving)
+    by_first_uses = SelectedForecaster((3,), learning=False, metric="first_uses").fit(moving)
+    assert by_first_uses.report()["metric"] == "first_uses"
+    assert by_requests.report()["metric"] == "requests"
+    shares = by_requests.table_.set_index("model")["share"]
+    assert not np.allclose(shares, by_first_uses.table_.set_index("model")["share"])
+    with pytest.raises(BadInputError, match="unknown metric 'tokens'"):
+        SelectedForecaster((3,), metric="tokens")
+
+
+def test_the_blend_candidate_shares_the_median_booster_and_mixes_the_average(moving):
+    from models.baselines import MovingAverage
+    from models.forecaster import HotnessForecaster
+
+    median = HotnessForecaster(objective="median", n_estimators=10)
+    blend = median.blended(0.5)
+    end = moving.n_windows - 2
+    median.fit(moving, end)
+    blend.fit(moving, end)
+    assert blend.booster_ is median.booster_  # one training for the two
+    items = np.arange(moving.n_items)
+    expected = 0.5 * median.predict_at(moving, end, items) + 0.5 * MovingAverage().fit(
+        moving, end
+    ).predict_at(moving, end, items)
+    np.testing.assert_allclose(blend.predict_at(moving, end, items), expected)
+    blend.fit(moving, end - 1)  # another history: its own training
+    assert blend.booster_ is not median.booster_
+    assert blend.get_params()["blend"] == 0.5 and "_twin" not in blend.get_params()
+    with pytest.raises(BadInputError, match="blend"):
+        HotnessForecaster(blend=1.5)
+
+
+def test_a_saved_blend_loads_and_predicts_the_same(tmp_path, moving):
+    from models.forecaster import HotnessForecaster
+    from models.persistence import load_model
+
+    blend = HotnessForecaster(objective="median", n_estimators=10, blend=0.5).fit(moving)
+    save_model(blend, tmp_path, "hotness")
+    loaded = load_model(tmp_path, "hotness")
+    items = np.arange(moving.n_items)
+    t = moving.n_windows - 1
+    np.testing.assert_allclose(
+        loaded.predict_at(moving, t, items), blend.predict_at(moving, t, items)
+    )
 
 
 def test_a_share_tie_goes_to_the_lower_mae_and_a_clear_lead_wins():
