@@ -43,8 +43,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ def telemetry_off() -> Iterator[None]:
 
     patched = {
         (tasks.warm_batch, "plan_labels"): lambda store, plan_id, engine: (engine, "cli"),
-        (tasks.warm_batch, "queue_batch"): lambda *args, **kwargs: None,
+        (tasks.warm_batch, "defer_batch"): lambda *args, **kwargs: None,
         (tasks.warm_batch, "record_wal"): lambda *args, **kwargs: None,
         (tasks.adapters.wal_store, "record_wal"): lambda *args, **kwargs: None,
         (tasks.warm, "record_plan"): lambda *args, **kwargs: None,
@@ -262,27 +263,70 @@ def _alternate(args: argparse.Namespace, settings: Any, arms: dict[str, bool],
 
 
 # -- runner (one process) ------------------------------------------------------------------
+class TelemetryClock:
+    """Wall seconds spent inside the warm-up path's telemetry calls (the writer thread's
+    writes included), while :meth:`timing` is on: the overhead measured directly, free of the
+    run-to-run noise of comparing two runs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.lock = threading.Lock()
+
+    def wrap(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.seconds += time.perf_counter() - started
+
+        return timed
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        import tasks.warm_batch
+
+        pending = telemetry._PENDING
+        patched = [(tasks.warm_batch, "defer_batch"), (tasks.warm_batch, "plan_labels"),
+                   (telemetry, "record_plan")]  # fmt: skip
+        originals = [getattr(module, name) for module, name in patched]
+        for (module, name), original in zip(patched, originals, strict=True):
+            setattr(module, name, self.wrap(original))
+        pending.flush = self.wrap(type(pending).flush.__get__(pending))  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for (module, name), original in zip(patched, originals, strict=True):
+                setattr(module, name, original)
+            del pending.flush
+
+
 def run_plan_here(store: redis.Redis, settings: Any, n: int, batch_size: int,
-                  on: bool) -> tuple[float, float]:  # fmt: skip
-    """(CPU s, wall s) per item of one plan of ``n`` items run here by the real batch runner."""
+                  on: bool) -> tuple[float, float, float]:  # fmt: skip
+    """(CPU s, wall s, s inside telemetry calls) per item of one plan of ``n`` items run here by
+    the real batch runner."""
     from tasks.adapters.plan_store import PlanStore
     from tasks.warm_batch import BatchRunner
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
-    with telemetry_arm(on):
-        if on:
-            telemetry.record_plan(store, plan, "sim")
+    clock = TelemetryClock()
+    with telemetry_arm(on), clock.timing() if on else contextlib.nullcontext():
         plans = PlanStore(store)
         batches = plans.save(plan, "sim", WarmOptions(batch_size, ordered=True))
         runner = BatchRunner(store, settings)
         cpu, wall = time.process_time(), time.perf_counter()
+        if on:
+            telemetry.record_plan(store, plan, "sim")
         for batch in range(batches):
             runner.run(plan.plan_id, batch)
+        if on:  # what the writer thread has not written yet is this plan's cost too
+            telemetry.flush_batch_metrics()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if plans.report(plan.plan_id)["items_ok"] != n:
         raise SystemExit(f"plan {plan.plan_id}: {plans.report(plan.plan_id)}")
-    return cpu / n, wall / n
+    return cpu / n, wall / n, clock.seconds / n
 
 
 def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dict[str, Any]:
@@ -296,13 +340,13 @@ def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dic
         shapes = {"batched": (args.items, args.batch_size), "per item": (args.per_item, 1)}
         for on in (True, False):  # warm-up: imports, connections
             run_plan_here(store, settings, 200, args.batch_size, on)
-        samples: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        samples: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
         for repeat in range(args.repeats):  # paired, in ABBA order: drift hits both arms alike
             for shape, (n, size) in shapes.items():
                 for on in (True, False) if repeat % 2 == 0 else (False, True):
                     samples.setdefault((shape, on), []).append(
                         run_plan_here(store, settings, n, size, on))  # fmt: skip
-    medians = {key: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
+    medians = {key: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
                for key, runs in samples.items()}  # fmt: skip
     # each repeat's own ratio (the arms ran back to back), then the median over repeats
     paired = {f"{shape} {label}": round(statistics.median(
@@ -314,6 +358,9 @@ def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dic
                                  [round(c * 1000, 4), round(w * 1000, 4)]
                                  for (shape, on), (c, w) in medians.items()},
         "overhead": paired,
+        # the telemetry calls' own seconds over the arm's wall seconds, median over repeats
+        "telemetry_share_of_wall": {shape: round(statistics.median(
+            t / w for _, w, t in samples[(shape, True)]), 4) for shape in shapes},
     }  # fmt: skip
 
 

@@ -87,7 +87,10 @@ class WorkerProcess:
         self.node = f"demo-{os.getpid()}"
         self.log_file = log_file
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
-        env.update({"PREWARM_CONFIG": str(config_file), "HF_HUB_OFFLINE": "1"})
+        # The demo reads a window's coverage right after its warm-up: each batch's metrics are
+        # written as the batch ends, not a second later.
+        env.update({"PREWARM_CONFIG": str(config_file), "HF_HUB_OFFLINE": "1",
+                    "PREWARM_METRICS_FLUSH_S": "0"})  # fmt: skip
         argv = [sys.executable, "-c", "from jobs.cli import main; main()", "worker",
                 "--queues", ",".join(QUEUES), "--concurrency", str(concurrency),
                 "--name", self.node]  # fmt: skip

@@ -6,9 +6,11 @@ reads no environment and opens no connection.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_process_shutdown
 from kombu import Exchange, Queue
 
 from tasks.settings import Settings, current_settings
@@ -78,3 +80,12 @@ def _configure(sender: Celery, **_: Any) -> None:
     # Workers log at INFO, where httpx prints every engine request's URL with its password.
     redact_logged_urls()
     sender.conf.update(celery_config(current_settings()))
+
+
+@worker_process_shutdown.connect
+def _write_pending_metrics(**_: Any) -> None:
+    """A pool process that exits writes its last batches' metrics (atexit may not run there)."""
+    from tasks.telemetry import flush_batch_metrics
+
+    with contextlib.suppress(Exception):  # a store gone at shutdown: nothing more to do
+        flush_batch_metrics()

@@ -16,16 +16,20 @@ Layout (under ``pw:metrics:``)::
                               kept for ``HISTORY_S``; what ``prewarm report`` reads
 
 The ``record_*`` functions are the call sites' one line each; each is one round trip or two.
-A batch's metrics are queued on the batch's own commit (:func:`queue_batch`): the warm-up's hot
-path pays no round trip of its own for them.
+A batch's metrics are summed in the worker's process and written every :data:`FLUSH_S`
+(:func:`defer_batch`): the warm-up's hot path pays neither a round trip nor a Redis command
+for them.
 A third of this module is :data:`SPECS`, the table of metric families the api exposes.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -52,6 +56,9 @@ PREFIX = redis_keys.METRICS
 SERIES = PREFIX + "series"
 #: History kept for the report: a week and a day.
 HISTORY_S = 8 * 86400
+#: Seconds a batch's metrics wait in its worker before they are written (with the batches
+#: after it); ``PREWARM_METRICS_FLUSH_S`` sets it, 0 writes each batch's as it ends.
+FLUSH_S = max(0.0, float(os.environ.get("PREWARM_METRICS_FLUSH_S") or 1.0))
 #: Committed batches and distinct planned items remembered per engine (oldest dropped first).
 MAX_ITEMS = 50_000
 REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
@@ -174,19 +181,6 @@ def _field(name: str, labels: tuple[str, ...]) -> str:
 Series = tuple[str, tuple[str, ...]]
 
 
-#: A batch's metrics in one command: ARGV[1] counters (field, value pairs) added to the series
-#: hash KEYS[1], then the batch's event (score, member) into the history KEYS[2], then (when
-#: given) its warmed keys (field, value) into KEYS[3].
-_BATCH = """
-local n = tonumber(ARGV[1])
-for i = 2, 2 * n, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
-local at = 2 * n + 2
-redis.call('ZADD', KEYS[2], ARGV[at], ARGV[at + 1])
-if ARGV[at + 2] then redis.call('HSET', KEYS[3], ARGV[at + 2], ARGV[at + 3]) end
-return 0
-"""
-
-
 class _SeriesWriter:
     """Writes to the ``series`` hash, queued on one pipeline (or sent on a client)."""
 
@@ -306,17 +300,15 @@ def _ok_items(items: Sequence[WarmItem], summary: Mapping[str, Any]) -> list[War
     return [item for item in items if item.key not in failed]
 
 
-def queue_batch(
-    pipe: Any,
+def _batch_metrics(
     labels: tuple[str, str],
     plan_id: str,
     items: Sequence[WarmItem],
     summary: Mapping[str, Any],
-    now: float | None = None,
-) -> None:
-    """Queue a batch's metrics on ``pipe`` (``labels`` from :func:`plan_labels`), so they
-    travel with the batch's own commit: the warm-up's hot path pays no round trip for them."""
-    now = time.time() if now is None else now
+    now: float,
+) -> tuple[dict[str, float], tuple[str, float, str], tuple[str, str, str] | None]:
+    """A batch's writes: counters (series field -> increment), its history event (key, score,
+    member) and its warmed keys (hash key, field, value; None when nothing was warmed)."""
     engine, reason = labels
     state = str(summary.get("state", "unknown"))
     committed = state == "committed"
@@ -334,17 +326,125 @@ def queue_batch(
     }
     if summary.get("txn") and state in ("committed", "rolled_back"):
         counters["prewarm_wal_transactions_total", (engine, state)] = 1
-    args: list[Any] = [len(counters)]
-    args += [x for (name, fields), v in counters.items() for x in (series_field(name, fields), v)]
-    args += [now, _event("batch", now, {
+    event = _event("batch", now, {
         "plan_id": plan_id, "reason": reason, "state": state,
         "items": summary.get("items", 0), "ok": summary.get("ok", 0),
         "failed": summary.get("failed", 0),
-    })]  # fmt: skip
+    })  # fmt: skip
+    kept = None
     if ok:  # one field per batch (not one per item: this is the hot path)
-        args += [f"{plan_id}:{summary.get('batch')}", json.dumps([now, _keys(ok)])]
-    keys = (SERIES, _history_key(engine), f"{PREFIX}warmed:{engine}")
-    pipe.eval(_BATCH, len(keys), *keys, *args)
+        kept = (f"{PREFIX}warmed:{engine}", f"{plan_id}:{summary.get('batch')}",
+                json.dumps([now, _keys(ok)]))  # fmt: skip
+    fields = {series_field(name, values): v for (name, values), v in counters.items()}
+    return fields, (_history_key(engine), now, event), kept
+
+
+class _PendingBatches:
+    """Batch metrics of this process not written yet: counters summed, events and warmed keys
+    kept in order; a daemon thread writes them in one pipeline every :data:`FLUSH_S`, and
+    :func:`flush_batch_metrics` (at exit, or where a caller needs them now) writes them at once.
+
+    A batch's result is stored with its commit, so a redelivered batch is never counted twice;
+    a worker killed outright loses at most its last :data:`FLUSH_S` of metrics, as a
+    Prometheus client's counters die with their process.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.writing = threading.Lock()  # one write at a time: a flush waits for one under way
+        self.counters: dict[str, float] = {}
+        self.events: dict[str, dict[str, float]] = {}
+        self.warmed: dict[str, dict[str, str]] = {}
+        self.store: redis.Redis | None = None
+        self.writer_pid: int | None = None
+
+    def add(self, store: redis.Redis, metrics: Any) -> None:
+        fields, (history, score, member), kept = metrics
+        with self.lock:
+            for name, value in fields.items():
+                self.counters[name] = self.counters.get(name, 0.0) + value
+            self.events.setdefault(history, {})[member] = score
+            if kept is not None:
+                self.warmed.setdefault(kept[0], {})[kept[1]] = kept[2]
+            self.store = store
+            if (
+                FLUSH_S and self.writer_pid != os.getpid()
+            ):  # first batch of this process (or of a fork)
+                self.writer_pid = os.getpid()
+                threading.Thread(target=self._write_every, name="prewarm-metrics",
+                                 daemon=True).start()  # fmt: skip
+
+    def _write_every(self) -> None:
+        while True:
+            time.sleep(FLUSH_S)
+            try:
+                self.flush()
+            except redis.RedisError:
+                continue  # kept for the next try
+
+    def flush(self) -> None:
+        """Write what is pending; on a Redis error it stays pending and the error is raised."""
+        with self.writing:
+            self._write()
+
+    def _write(self) -> None:
+        with self.lock:
+            counters, events, warmed, store = self.counters, self.events, self.warmed, self.store
+            self.counters, self.events, self.warmed = {}, {}, {}
+        if store is None or not (counters or events or warmed):
+            return
+        try:
+            with store.pipeline(transaction=False) as pipe:
+                for name, value in counters.items():
+                    if value:
+                        pipe.hincrbyfloat(SERIES, name, value)
+                    else:
+                        pipe.hsetnx(SERIES, name, 0)  # the series exists from its first batch
+                for key, members in events.items():
+                    pipe.zadd(key, members)
+                for key, mapping in warmed.items():
+                    pipe.hset(key, mapping=cast(Any, mapping))
+                pipe.execute()
+        except redis.RedisError:
+            with self.lock:  # back in front of what came meanwhile
+                for name, value in counters.items():
+                    self.counters[name] = self.counters.get(name, 0.0) + value
+                for key, members in events.items():
+                    self.events.setdefault(key, {}).update(members)
+                for key, mapping in warmed.items():
+                    self.warmed.setdefault(key, {}).update(mapping)
+            raise
+
+
+_PENDING = _PendingBatches()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    with contextlib.suppress(redis.RedisError, OSError):
+        _PENDING.flush()
+
+
+def defer_batch(
+    store: redis.Redis,
+    labels: tuple[str, str],
+    plan_id: str,
+    items: Sequence[WarmItem],
+    summary: Mapping[str, Any],
+    now: float | None = None,
+) -> None:
+    """A batch committed or rolled back on the warm-up's hot path (``labels`` from
+    :func:`plan_labels`): its metrics are written within :data:`FLUSH_S`, with those of the
+    batches after it (see :class:`_PendingBatches`)."""
+    now = time.time() if now is None else now
+    _PENDING.add(store, _batch_metrics(labels, plan_id, items, summary, now))
+    if not FLUSH_S:
+        _PENDING.flush()
+
+
+def flush_batch_metrics() -> None:
+    """Write this process's pending batch metrics now."""
+    _PENDING.flush()
 
 
 def record_batch(
@@ -355,16 +455,22 @@ def record_batch(
     summary: dict[str, Any],
     now: float | None = None,
 ) -> dict[str, Any]:
-    """A batch ended (``summary`` as ``BatchRunner.run`` returns it) outside a commit that
-    carried its metrics (:func:`queue_batch`); returns ``summary``.
+    """A batch ended (``summary`` as ``BatchRunner.run`` returns it), written at once, not
+    through the worker's pending metrics (:func:`defer_batch`); returns ``summary``.
 
     A duplicate delivery (a stored result) is not counted again.
     """
     if summary.get("duplicate"):
         return summary
     labels = plan_labels(store, plan_id, engine)
+    now = time.time() if now is None else now
+    fields, (history, score, member), kept = _batch_metrics(labels, plan_id, items, summary, now)
     with store.pipeline(transaction=False) as pipe:
-        queue_batch(pipe, labels, plan_id, items, summary, now)
+        for name, value in fields.items():
+            pipe.hincrbyfloat(SERIES, name, value)
+        pipe.zadd(history, {member: score})
+        if kept is not None:
+            pipe.hset(kept[0], kept[1], kept[2])
         pipe.execute()
     return summary
 

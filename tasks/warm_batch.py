@@ -33,7 +33,7 @@ from tasks.settings import EngineSettings, Settings
 from tasks.targets import adapter as adapter_target
 from tasks.targets import apply_items, verify_items
 from tasks.targets.base import BatchContext, ItemResult, WarmOptions
-from tasks.telemetry import plan_labels, queue_batch, record_wal
+from tasks.telemetry import defer_batch, plan_labels, record_wal
 
 
 class BatchBusy(TransientError):
@@ -75,18 +75,21 @@ def _kept_alive(renewals: list[Callable[[], object]], period_s: float) -> Iterat
 
 @dataclass(frozen=True)
 class _BatchEnd:
-    """What a batch writes as it ends, queued on its commit's ``MULTI``: its result (what a
-    redelivery finds) and its metrics — one round trip for both."""
+    """What a batch writes as it ends: its result (what a redelivery finds), queued on its
+    commit's ``MULTI``, and, once that commit holds, its metrics (:func:`defer_batch`)."""
 
     plans: PlanStore
     plan_id: str
     items: Sequence[WarmItem]
     labels: tuple[str, str]
 
-    def queue(self, pipe: Any, summary: dict[str, Any], result: bool = True) -> None:
-        if result:
-            self.plans.record_result(pipe, self.plan_id, summary)
-        queue_batch(pipe, self.labels, self.plan_id, self.items, summary)
+    def queue(self, pipe: Any, summary: dict[str, Any]) -> None:
+        self.plans.record_result(pipe, self.plan_id, summary)
+
+    def count(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Count the ended batch; returns ``summary``."""
+        defer_batch(self.plans.r, self.labels, self.plan_id, self.items, summary)
+        return summary
 
 
 def _chunks(items: Sequence[WarmItem], size: int) -> list[Sequence[WarmItem]]:
@@ -214,7 +217,7 @@ class BatchRunner:
         with self.store.pipeline() as pipe:
             end.queue(pipe, summary)
             pipe.execute()
-        return summary
+        return end.count(summary)
 
     def _transaction(
         self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float
@@ -242,7 +245,7 @@ class BatchRunner:
         wal.finish(
             txn_id, owner, TxnState.COMMITTED, restore, extra=lambda pipe: end.queue(pipe, summary)
         )
-        return summary
+        return end.count(summary)
 
     def _roll_back(
         self,
@@ -262,10 +265,7 @@ class BatchRunner:
             # An undo step failed (engine down): the lease runs out and the sweep finishes it.
             # No result is stored (a redelivery runs the batch again); its metrics still count.
             summary.update(state="rollback_pending", error=str(exc))
-            with self.store.pipeline(transaction=False) as pipe:
-                end.queue(pipe, summary, result=False)
-                pipe.execute()
-        return summary
+        return end.count(summary)
 
     def sweep(self) -> list[str]:
         """Roll back every transaction whose lease expired (the recovery sweep)."""

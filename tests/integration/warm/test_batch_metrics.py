@@ -1,5 +1,5 @@
-"""A batch's metrics: written with the batch's own commit, counted once, the same series as
-before the writes were folded into the commit."""
+"""A batch's metrics: counted once its commit holds, written by the worker's writer within
+``FLUSH_S`` (or at once on a flush), the same series as when every batch wrote its own."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def _series(store) -> dict[str, dict[tuple[str, ...], float]]:
+    telemetry.flush_batch_metrics()
     return {name: dict(rows) for name, rows in telemetry.read_series(store).items()}
 
 
@@ -104,3 +105,41 @@ def test_every_record_writes_the_series_it_always_wrote(store):
         "prewarm_forecast_absolute_error_requests": {one: 2.0},
         "prewarm_forecast_relative_error_ratio": {one: 0.5},
     }
+
+
+def _labels_count(store, name: str, labels: tuple[str, ...]) -> float:
+    return dict(telemetry.read_series(store).get(name, {})).get(labels, 0.0)
+
+
+def test_the_writer_thread_writes_a_batch_without_being_asked(store):
+    import time
+
+    item = WarmItem("prefix", "k-thread", "m", text="x", tokens=5)
+    summary = {"state": "committed", "items": 1, "ok": 1, "failed": 0, "batch": 0}
+    telemetry.defer_batch(store, ("thread", "cli"), "p-thread", [item], summary)
+    deadline = time.monotonic() + 10 * telemetry.FLUSH_S
+    while time.monotonic() < deadline:
+        if _labels_count(store, "prewarm_items_warmed_total", ("thread", "cli")) == 1.0:
+            break
+        time.sleep(0.05)
+    assert _labels_count(store, "prewarm_items_warmed_total", ("thread", "cli")) == 1.0
+    assert _labels_count(store, "prewarm_tokens_primed_total", ("thread", "cli")) == 5.0
+
+
+def test_metrics_a_failed_write_kept_are_written_with_the_next(store):
+    import redis
+
+    from tests.integration.processes import free_port
+
+    down = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    summary = {"state": "committed", "items": 2, "ok": 2, "failed": 0, "batch": 0}
+    items = [WarmItem("prefix", f"k-down-{n}", "m", text="x", tokens=3) for n in range(2)]
+    telemetry.flush_batch_metrics()  # nothing of other tests pending
+    telemetry.defer_batch(down, ("down", "cli"), "p-down", items, summary)
+    with pytest.raises(redis.ConnectionError):
+        telemetry.flush_batch_metrics()
+    telemetry.defer_batch(store, ("down", "cli"), "p-down", items, {**summary, "batch": 1})
+    telemetry.flush_batch_metrics()
+    assert _labels_count(store, "prewarm_items_warmed_total", ("down", "cli")) == 4.0
+    assert _labels_count(store, "prewarm_batches_total", ("down", "cli", "committed")) == 2.0
+    assert len(telemetry.warm_state(store, "down").warmed_at) == 2

@@ -122,6 +122,10 @@ def run_warmups(sim, store, settings, queue: str) -> None:
     assert recover(settings=settings)
     telemetry.record_tick(store, "sim", ok=True, interval_s=300)
     keys = [item.key for item in plans[0].items] + ["never-seen"]
+    deadline = time.monotonic() + 10 * telemetry.FLUSH_S  # the worker's writer thread
+    while not set(keys[:-1]) <= set(telemetry.warm_state(store, "sim").warmed_at):
+        assert time.monotonic() < deadline, "the worker wrote no metrics of its batches"
+        time.sleep(0.05)
     now = time.time()
     outcome = telemetry.record_window(
         store, "sim", (now, now + 300), dict.fromkeys(keys, 2), keys[:-1],
