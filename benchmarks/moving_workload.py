@@ -15,10 +15,10 @@ of a window's working set (the heads of the templates a window uses); each arm p
 heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Arms:
 
 * ``prewarm`` — :class:`models.selection.SelectedForecaster` at the restart's horizon
-  (``downtime + 1`` windows ahead), selected by backtest on the history before the restart's
-  day (``--refit-days``, default 1: retrained daily; 7: one selection on the first week for
-  every restart in the second), fills the cache by its forecast from the history up to the
-  last logged window;
+  (``downtime + 1`` windows ahead), selected by backtest (``--metric``, default first uses: what
+  a restart's warm-up saves) on the history before the restart's day (``--refit-days``,
+  default 1: retrained daily; 7: one selection on the first week for every restart in the
+  second), fills the cache by its forecast from the history up to the last logged window;
 * ``resend_logged`` — re-send the last logged window's requests, in their order;
 * ``prime_all_seen`` — prime every template seen in the history, most recently used last;
 * ``whole_history`` / ``last_window`` — fill by the whole history's / the last logged window's
@@ -43,15 +43,17 @@ the cold start; each arm's first-use hits also as a share of the peeking arm's. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
 from rich.console import Console
@@ -61,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.engines.cache_model import FreeQueueCache
 from benchmarks.engines.engine import CPU_BLOCK_TOKENS
+from benchmarks.engines.restart_replay import engine_first_use_hits, vocabulary
 from models.selection import METRICS, SelectedForecaster
 from pipeline.evaluation import CountMatrix
 from pipeline.ingest.traces import read_servegen
@@ -71,6 +74,8 @@ PER_DAY = 144
 DOWNTIMES_MIN = (0, 60, 180)
 NON_PEEKING = ("resend_logged", "prime_all_seen", "whole_history", "last_window")
 ARMS = ("prewarm", *NON_PEEKING, "peeking", "oracle", "cold")
+#: Arms the real engine replays too (``--engine-restarts``).
+ENGINE_ARMS = ("prewarm", "last_window", "peeking", "cold")
 VOCABULARY = 32_000
 
 
@@ -299,21 +304,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     budget = tuple(max(1, round(fits * x)) for x in args.budget_multiples)
     forecasts = Forecasts(workload, budget, args.refit_days, args.metric)
     per_downtime: dict[int, dict[str, object]] = {}
-    for minutes in args.downtimes:
-        totals = dict.fromkeys([*ARMS, "first_uses"], 0.0)
-        tokens = dict.fromkeys(ARMS, 0.0)
-        for n, restart in enumerate(restarts(workload, args.restarts, minutes // 10, args.seed)):
-            rng = random.Random(f"{args.seed}-{minutes}-{n}")
-            future = window_requests(workload, restart.window, rng)
-            totals["first_uses"] += len({t for t, _ in future})
-            plans = primings(workload, restart, forecasts.at(restart), future, rng)
-            for arm, priming in plans.items():
-                hits, cached = replay(workload, priming, future)
-                totals[arm] += hits
-                tokens[arm] += cached
-        saved = {arm: tokens[arm] - tokens["cold"] for arm in ARMS}
-        per_downtime[minutes] = {"restarts": args.restarts, "first_use_hits": totals,
-                                 "prefill_tokens_saved": saved}  # fmt: skip
+    with engine_session(args, workload) as engine:
+        for minutes in args.downtimes:
+            per_downtime[minutes] = run_downtime(args, workload, forecasts, minutes, engine)
     results: dict[str, object] = {"clients": str(args.clients), "templates": args.templates,
                                   "capacity_blocks": workload.capacity,
                                   "per_downtime": per_downtime}  # fmt: skip
@@ -321,6 +314,75 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     results["selection_seconds"] = {"n": len(forecasts.seconds),
                                     "max": max(forecasts.seconds, default=0.0)}  # fmt: skip
     return results
+
+
+@contextlib.contextmanager
+def engine_session(args: argparse.Namespace, workload: Workload) -> Iterator[EngineCheck | None]:
+    """A real vLLM CPU server capped at the model's cache (``--engine-restarts`` > 0), else None."""
+    if args.engine_restarts <= 0:
+        yield None
+        return
+    from benchmarks.engines.engine import VllmServer, free_port, missing_prerequisites, vllm_model
+
+    missing = missing_prerequisites()
+    if missing:
+        raise SystemExit(f"--engine-restarts: {missing}")
+    log = Path(args.engine_log)
+    server = VllmServer(free_port(), log, gpu_blocks=workload.capacity + 1, dev_mode=True)
+    with server, httpx.Client(base_url=server.url, timeout=600.0) as client:
+        yield EngineCheck(client, vocabulary(vllm_model()), args.engine_restarts)
+
+
+@dataclass
+class EngineCheck:
+    """The first ``restarts`` restarts of each downtime, also on the engine, for some arms."""
+
+    client: httpx.Client
+    vocab: int
+    restarts: int
+    arms: tuple[str, ...] = ENGINE_ARMS
+
+    def hits(
+        self, n: int, arm: str, priming: Sequence[Sequence[int]], future: Sequence
+    ) -> int | None:
+        """The engine's first-use hits for restart ``n``'s ``arm`` (None: not checked)."""
+        if n >= self.restarts or arm not in self.arms:
+            return None
+        return engine_first_use_hits(self.client, priming, future, self.vocab)
+
+
+def run_downtime(
+    args: argparse.Namespace,
+    workload: Workload,
+    forecasts: Forecasts,
+    minutes: int,
+    engine: EngineCheck | None,
+) -> dict[str, object]:
+    """Every arm on every restart after ``minutes`` of downtime: their totals."""
+    totals = dict.fromkeys([*ARMS, "first_uses"], 0.0)
+    tokens = dict.fromkeys(ARMS, 0.0)
+    agreement: dict[str, list[int]] = {}  # arm -> [engine hits, model hits] where checked
+    for n, restart in enumerate(restarts(workload, args.restarts, minutes // 10, args.seed)):
+        rng = random.Random(f"{args.seed}-{minutes}-{n}")
+        future = window_requests(workload, restart.window, rng)
+        totals["first_uses"] += len({t for t, _ in future})
+        plans = primings(workload, restart, forecasts.at(restart), future, rng)
+        for arm, priming in plans.items():
+            hits, cached = replay(workload, priming, future)
+            totals[arm] += hits
+            tokens[arm] += cached
+            on_engine = engine.hits(n, arm, priming, future) if engine else None
+            if on_engine is not None:
+                pair = agreement.setdefault(arm, [0, 0])
+                pair[0] += on_engine
+                pair[1] += hits
+    saved = {arm: tokens[arm] - tokens["cold"] for arm in ARMS}
+    row: dict[str, object] = {"restarts": args.restarts, "first_use_hits": totals,
+                              "prefill_tokens_saved": saved}  # fmt: skip
+    if engine is not None:
+        row["engine_check"] = {"restarts": min(engine.restarts, args.restarts),
+                               "first_use_hits_engine_model": agreement}  # fmt: skip
+    return row
 
 
 def goals(row: dict[str, float]) -> dict[str, bool]:
@@ -358,6 +420,13 @@ def print_results(console: Console, results: dict[str, object]) -> None:
         hits = row["first_use_hits"]
         console.print(f"downtime {minutes} min: {row['restarts']} restarts, "
                       f"{hits['first_uses']:,.0f} first uses; goals {goals(hits)}")  # fmt: skip
+    for minutes, row in per.items():
+        check = row.get("engine_check")
+        if check:
+            pairs = ", ".join(f"{arm} {e}/{m}" for arm, (e, m) in
+                              check["first_use_hits_engine_model"].items())  # fmt: skip
+            console.print(f"downtime {minutes} min, first {check['restarts']} restart(s) on the "
+                          f"real vLLM — first-use hits, engine/model: {pairs}")  # fmt: skip
     console.print(f"prewarm's backtest winners per downtime: {results['winners']}; "
                   f"selections: {results['selection_seconds']}")  # fmt: skip
 
@@ -379,6 +448,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="first_uses",
         help="what prewarm's backtest scores (a restart warm-up saves first uses)",
     )
+    parser.add_argument(
+        "--engine-restarts",
+        type=int,
+        default=0,
+        help="per downtime, replay the first N restarts' arms on a real vLLM too",
+    )
+    parser.add_argument("--engine-log", default="/tmp/prewarm-moving-vllm.log")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not args.clients.is_dir():

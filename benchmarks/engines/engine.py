@@ -78,6 +78,7 @@ class VllmServer:
     log_path: Path
     gpu_blocks: int | None = None  # --num-gpu-blocks-override: caps the prefix cache
     enforce_eager: bool = True  # 47 s to ready instead of 60-85 s; same for every arm
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: offers POST /reset_prefix_cache
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     @property
@@ -108,6 +109,8 @@ class VllmServer:
             VLLM_LOGGING_LEVEL="DEBUG",
             NO_COLOR="1",
         )
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
     def start(self, timeout: float = 300.0) -> float:

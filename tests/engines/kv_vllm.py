@@ -67,7 +67,6 @@ class KvEventsVllmServer(VllmServer):
 
     events_port: int = 0
     replay_port: int = 0
-    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: offers POST /reset_prefix_cache
 
     @property
     def events_endpoint(self) -> str:
@@ -91,6 +90,4 @@ class KvEventsVllmServer(VllmServer):
     def environment(self) -> dict[str, str]:
         env = super().environment()
         env["VLLM_LOGGING_LEVEL"] = "INFO"
-        if self.dev_mode:
-            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
