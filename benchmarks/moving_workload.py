@@ -25,13 +25,18 @@ heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Ar
   counts;
 * ``peeking`` — fill by the true request counts of window ``R`` (not their order): the best a
   warm-up that is not clairvoyant can hope for;
+* ``true_rate`` — fill by the rate window ``R``'s counts are drawn from (the real client's
+  scaled count), not the draw: what a forecaster with no error would know, the bound of any
+  forecast from the history;
 * ``oracle`` — clairvoyant: the heads in the order of their first use in window ``R``;
 * ``cold`` — no warm-up (what "prefill tokens saved" is counted against).
 
-Every count-based arm (prewarm, both popularities, peeking) plans with the same planner: each
-template's chance of a first use in window ``R`` (``1 - exp(-rate)`` from its forecast or count;
-for peeking, whether it is used at all), taken by chance per cache block while the heads fit,
-the likeliest primed last (the block pool is an LRU); only what they know differs.
+Every count-based arm (prewarm, both popularities, peeking, true rate) plans with the same
+planner: each template's chance of a first use while its primed head is still cached — within
+the first ``s`` of window ``R``, ``s`` the share of a window's working set the cache holds
+(:attr:`Workload.survival`, about a half): ``1 - exp(-rate * s)`` from a forecast, count or rate,
+``1 - (1 - s) ** count`` from peeking's known count — taken by chance per cache block while the
+heads fit, the likeliest primed last (the block pool is an LRU); only what they know differs.
 
 Metrics, over the restarts: first uses served from cache (a template's first
 request in window ``R`` finds its head cached) and prefill tokens saved in window ``R`` against
@@ -73,7 +78,7 @@ WINDOW = pd.Timedelta(minutes=10)
 PER_DAY = 144
 DOWNTIMES_MIN = (0, 60, 180)
 NON_PEEKING = ("resend_logged", "prime_all_seen", "whole_history", "last_window")
-ARMS = ("prewarm", *NON_PEEKING, "peeking", "oracle", "cold")
+ARMS = ("prewarm", *NON_PEEKING, "peeking", "true_rate", "oracle", "cold")
 #: Arms the real engine replays too (``--engine-restarts``).
 ENGINE_ARMS = ("prewarm", "last_window", "peeking", "cold")
 VOCABULARY = 32_000
@@ -99,6 +104,14 @@ class Workload:
     counts: np.ndarray  # (templates, windows) int
     start: pd.Timestamp
     capacity: int  # usable blocks of the engine's cache
+    rates: np.ndarray  # (templates, windows) the Poisson means the counts are drawn from
+    working_blocks: float  # a window's mean working set (heads of the templates it uses)
+
+    @property
+    def survival(self) -> float:
+        """The share of a window a primed head lasts before the window's misses evict it:
+        about the share of a window's working set the cache holds."""
+        return min(1.0, self.capacity / max(self.working_blocks, 1.0))
 
     def matrix(self) -> CountMatrix:
         """The logged counts as the forecaster reads them."""
@@ -136,8 +149,9 @@ def build_workload(folder: Path, n_templates: int, requests: float, seed: int) -
     templates = Templates(heads, names)
     used = counts > 0
     working = np.array([sum(templates.blocks(i) for i in np.flatnonzero(c)) for c in used.T])
-    capacity = max(round(float(working[working > 0].mean()) / 2), 14)
-    return Workload(templates, counts, start, capacity)
+    mean_working = float(working[working > 0].mean())
+    capacity = max(round(mean_working / 2), 14)
+    return Workload(templates, counts, start, capacity, rates * scale, mean_working)
 
 
 def window_requests(workload: Workload, w: int, rng: random.Random) -> list[tuple[int, list[int]]]:
@@ -162,9 +176,16 @@ def fill_by_value(workload: Workload, value: np.ndarray, rng: random.Random) -> 
     return [workload.templates.heads[i] for i in chosen]
 
 
-def first_use_chance(rate: np.ndarray) -> np.ndarray:
-    """Chance of at least one request in a window at a Poisson ``rate``."""
-    return 1.0 - np.exp(-np.maximum(rate, 0.0))
+def first_use_chance(rate: np.ndarray, survival: float) -> np.ndarray:
+    """Chance, at a Poisson ``rate`` per window, of a first use while a primed head is still
+    cached: of a request within the first ``survival`` share of the window."""
+    return 1.0 - np.exp(-np.maximum(rate, 0.0) * survival)
+
+
+def known_count_chance(count: np.ndarray, survival: float) -> np.ndarray:
+    """The same for a known request count in random order: some request within the first
+    ``survival`` share of the window."""
+    return 1.0 - (1.0 - survival) ** np.maximum(count, 0.0)
 
 
 def by_score(scores: np.ndarray, rng: random.Random) -> list[int]:
@@ -217,13 +238,15 @@ def primings(
     truth = workload.counts[:, restart.window].astype(float)
     first_use = list(dict.fromkeys(t for t, _ in future))
     mean_rate = history.sum(axis=1) / history.shape[1]
+    rate, keep = workload.rates[:, restart.window], workload.survival
     return {
-        "prewarm": fill_by_value(workload, first_use_chance(forecast), rng),
+        "prewarm": fill_by_value(workload, first_use_chance(forecast, keep), rng),
         "resend_logged": [ids for _, ids in logged],
         "prime_all_seen": [workload.templates.heads[i] for i in reversed(recent_first)],
-        "whole_history": fill_by_value(workload, first_use_chance(mean_rate), rng),
-        "last_window": fill_by_value(workload, first_use_chance(last.astype(float)), rng),
-        "peeking": fill_by_value(workload, (truth > 0).astype(float), rng),
+        "whole_history": fill_by_value(workload, first_use_chance(mean_rate, keep), rng),
+        "last_window": fill_by_value(workload, first_use_chance(last.astype(float), keep), rng),
+        "peeking": fill_by_value(workload, known_count_chance(truth, keep), rng),
+        "true_rate": fill_by_value(workload, first_use_chance(rate, keep), rng),
         "oracle": _oracle(workload, first_use),
         "cold": [],
     }
@@ -418,8 +441,10 @@ def print_results(console: Console, results: dict[str, object]) -> None:
     console.print(out)
     for minutes, row in per.items():
         hits = row["first_use_hits"]
+        bound = hits["true_rate"] / max(hits["peeking"], 1)
         console.print(f"downtime {minutes} min: {row['restarts']} restarts, "
-                      f"{hits['first_uses']:,.0f} first uses; goals {goals(hits)}")  # fmt: skip
+                      f"{hits['first_uses']:,.0f} first uses; goals {goals(hits)}; a forecast "
+                      f"with no error (true_rate) reaches {bound:.1%} of peeking")  # fmt: skip
     for minutes, row in per.items():
         check = row.get("engine_check")
         if check:
