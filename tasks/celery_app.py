@@ -85,7 +85,7 @@ def _configure(sender: Celery, **_: Any) -> None:
 @worker_process_shutdown.connect
 def _write_pending_metrics(**_: Any) -> None:
     """A pool process that exits writes its last batches' metrics (atexit may not run there)."""
-    from tasks.telemetry import flush_batch_metrics
+    from tasks.telemetry import EXIT_WAIT_S, flush_batch_metrics
 
     with contextlib.suppress(Exception):  # a store gone at shutdown: nothing more to do
-        flush_batch_metrics()
+        flush_batch_metrics(EXIT_WAIT_S)

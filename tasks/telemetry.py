@@ -59,6 +59,8 @@ HISTORY_S = 8 * 86400
 #: Seconds a batch's metrics wait in its worker before they are written (with the batches
 #: after it); ``PREWARM_METRICS_FLUSH_S`` sets it, 0 writes each batch's as it ends.
 FLUSH_S = max(0.0, float(os.environ.get("PREWARM_METRICS_FLUSH_S") or 1.0))
+#: Seconds an exiting process waits for a metrics write under way before it gives up.
+EXIT_WAIT_S = 5.0
 #: Committed batches and distinct planned items remembered per engine (oldest dropped first).
 MAX_ITEMS = 50_000
 REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
@@ -382,10 +384,15 @@ class _PendingBatches:
             except redis.RedisError:
                 continue  # kept for the next try
 
-    def flush(self) -> None:
-        """Write what is pending; on a Redis error it stays pending and the error is raised."""
-        with self.writing:
+    def flush(self, wait_s: float = -1) -> None:
+        """Write what is pending; on a Redis error it stays pending and the error is raised.
+        ``wait_s`` >= 0 bounds the wait for a write under way (then nothing is written)."""
+        if not self.writing.acquire(timeout=wait_s):
+            return
+        try:
             self._write()
+        finally:
+            self.writing.release()
 
     def _write(self) -> None:
         with self.lock:
@@ -422,7 +429,7 @@ _PENDING = _PendingBatches()
 @atexit.register
 def _flush_at_exit() -> None:
     with contextlib.suppress(redis.RedisError, OSError):
-        _PENDING.flush()
+        flush_batch_metrics(EXIT_WAIT_S)  # a write stuck on a hung Redis must not hang the exit
 
 
 def defer_batch(
@@ -442,9 +449,10 @@ def defer_batch(
         _PENDING.flush()
 
 
-def flush_batch_metrics() -> None:
-    """Write this process's pending batch metrics now."""
-    _PENDING.flush()
+def flush_batch_metrics(wait_s: float = -1) -> None:
+    """Write this process's pending batch metrics now (``wait_s``: see
+    :meth:`_PendingBatches.flush`)."""
+    _PENDING.flush(wait_s)
 
 
 def record_batch(

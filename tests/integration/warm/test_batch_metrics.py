@@ -143,3 +143,20 @@ def test_metrics_a_failed_write_kept_are_written_with_the_next(store):
     assert _labels_count(store, "prewarm_items_warmed_total", ("down", "cli")) == 4.0
     assert _labels_count(store, "prewarm_batches_total", ("down", "cli", "committed")) == 2.0
     assert len(telemetry.warm_state(store, "down").warmed_at) == 2
+
+
+def test_an_exit_flush_does_not_wait_past_its_bound_for_a_write_under_way(store, monkeypatch):
+    monkeypatch.setattr(telemetry, "FLUSH_S", 1.0)  # deferred, whatever the environment says
+    item = WarmItem("prefix", "k-bound", "m", text="x", tokens=2)
+    summary = {"state": "committed", "items": 1, "ok": 1, "failed": 0, "batch": 0}
+    telemetry.flush_batch_metrics()
+    pending = telemetry._PENDING
+    assert pending.writing.acquire(timeout=5)  # a write under way (a hung Redis, say)
+    try:
+        telemetry.defer_batch(store, ("bound", "cli"), "p-bound", [item], summary)
+        telemetry.flush_batch_metrics(wait_s=0.05)  # returns without writing
+        assert _labels_count(store, "prewarm_items_warmed_total", ("bound", "cli")) == 0.0
+    finally:
+        pending.writing.release()
+    telemetry.flush_batch_metrics()
+    assert _labels_count(store, "prewarm_items_warmed_total", ("bound", "cli")) == 1.0
