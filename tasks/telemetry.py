@@ -369,9 +369,8 @@ class _PendingBatches:
             if kept is not None:
                 self.warmed.setdefault(kept[0], {})[kept[1]] = kept[2]
             self.store = store
-            if (
-                FLUSH_S and self.writer_pid != os.getpid()
-            ):  # first batch of this process (or of a fork)
+            first_here = self.writer_pid != os.getpid()  # of this process, or of a fork
+            if FLUSH_S and first_here:
                 self.writer_pid = os.getpid()
                 threading.Thread(target=self._write_every, name="prewarm-metrics",
                                  daemon=True).start()  # fmt: skip
@@ -413,7 +412,7 @@ class _PendingBatches:
                     pipe.hset(key, mapping=cast(Any, mapping))
                 pipe.execute()
         except redis.RedisError:
-            with self.lock:  # back in front of what came meanwhile
+            with self.lock:  # merged with what came meanwhile, for the next write
                 for name, value in counters.items():
                     self.counters[name] = self.counters.get(name, 0.0) + value
                 for key, members in events.items():
