@@ -114,7 +114,7 @@ class HotnessForecaster(HotnessModel):
         self.booster_ = lgb.train(self.lgb_params(), data, num_boost_round=rounds)
         self.n_rounds_ = rounds
         self._record_fit(matrix, first, end, data)
-        self.fitted_on_ = (next(_FITS), _matrix_key(matrix), end)
+        self.fitted_on_ = _fit_mark(matrix, end)
         return self
 
     def _shares_fit(self, matrix: CountMatrix, end: int) -> bool:
@@ -164,6 +164,7 @@ class HotnessForecaster(HotnessModel):
             keep_training_booster=True,
         )
         self._record_fit(matrix, first, end, data)
+        self.fitted_on_ = _fit_mark()  # grown, not fitted: no twin shares it
         return self
 
     def lgb_params(self) -> dict[str, Any]:
@@ -215,6 +216,7 @@ class HotnessForecaster(HotnessModel):
         self.n_training_rows_ = int(state.values["n_training_rows"])
         self.feature_names_ = FEATURE_NAMES
         self.booster_ = lgb.Booster(model_str=state.texts["booster"])
+        self.fitted_on_ = _fit_mark()
         return self
 
     def _predict(
@@ -302,16 +304,30 @@ class _LastTreesForecast:
 
     def get(self, model: HotnessForecaster, matrix: CountMatrix, t: int, items: np.ndarray,
             horizon: int) -> np.ndarray:  # fmt: skip
-        fit = getattr(model, "fitted_on_", (id(model.booster_),))[0]  # a loaded model: its own
-        key = (fit, _matrix_key(matrix), t, horizon, len(items), hash(items.tobytes()))
+        key = (
+            model.fitted_on_[0],
+            _matrix_key(matrix),
+            t,
+            horizon,
+            len(items),
+            hash(items.tobytes()),
+        )
         if key != self.key or self.value is None:
-            self.key, self.value = None, model.trees_forecast(matrix, t, items, horizon)
+            self.value = model.trees_forecast(matrix, t, items, horizon)
             self.key = key
         return self.value
 
 
 def _matrix_key(matrix: CountMatrix) -> tuple[int, int, int]:
     return id(matrix), matrix.n_items, matrix.n_windows
+
+
+def _fit_mark(
+    matrix: CountMatrix | None = None, end: int | None = None
+) -> tuple[int, tuple[int, int, int] | None, int | None]:
+    """A booster's identity (a fresh number per booster) and, for a fit a twin may share, the
+    history it was fitted on."""
+    return next(_FITS), (_matrix_key(matrix) if matrix is not None else None), end
 
 
 _TREES = _LastTreesForecast()

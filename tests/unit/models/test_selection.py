@@ -96,6 +96,20 @@ def test_the_blend_candidate_shares_the_median_booster_and_mixes_the_average(mov
         HotnessForecaster(blend=1.5)
 
 
+def test_a_grown_booster_forecasts_afresh_not_from_the_last_forecast_kept(moving):
+    from models.forecaster import HotnessForecaster
+
+    model = HotnessForecaster(objective="median", n_estimators=5, partial_rounds=5)
+    end = moving.n_windows - 10
+    model.fit(moving, end)
+    items = np.arange(moving.n_items)
+    before = model.predict_at(moving, end, items)
+    model.partial_fit(moving, moving.n_windows - 2)
+    after = model.predict_at(moving, end, items)
+    np.testing.assert_allclose(after, model.trees_forecast(moving, end, items, 1))
+    assert not np.allclose(before, after)
+
+
 def test_a_saved_blend_loads_and_predicts_the_same(tmp_path, moving):
     from models.forecaster import HotnessForecaster
     from models.persistence import load_model
