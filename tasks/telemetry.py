@@ -302,13 +302,17 @@ def _ok_items(items: Sequence[WarmItem], summary: Mapping[str, Any]) -> list[War
     return [item for item in items if item.key not in failed]
 
 
+#: A batch's writes: counters, its history event (key, score, member), its warmed keys or None.
+_BatchWrites = tuple[dict[str, float], tuple[str, float, str], tuple[str, str, str] | None]
+
+
 def _batch_metrics(
     labels: tuple[str, str],
     plan_id: str,
     items: Sequence[WarmItem],
     summary: Mapping[str, Any],
     now: float,
-) -> tuple[dict[str, float], tuple[str, float, str], tuple[str, str, str] | None]:
+) -> _BatchWrites:
     """A batch's writes: counters (series field -> increment), its history event (key, score,
     member) and its warmed keys (hash key, field, value; None when nothing was warmed)."""
     engine, reason = labels
@@ -341,6 +345,22 @@ def _batch_metrics(
     return fields, (_history_key(engine), now, event), kept
 
 
+def _queue_writes(
+    pipe: Any,
+    counters: Mapping[str, float],
+    events: Mapping[str, Mapping[str, float]],
+    warmed: Mapping[str, Mapping[str, str]],
+) -> None:
+    """Queue batches' writes on ``pipe``: counter increments (a zero one creates the series),
+    history events (key -> member -> score) and warmed keys (key -> field -> value)."""
+    for name, value in counters.items():
+        pipe.hincrbyfloat(SERIES, name, value)
+    for key, members in events.items():
+        pipe.zadd(key, dict(members))
+    for key, mapping in warmed.items():
+        pipe.hset(key, mapping=cast(Any, mapping))
+
+
 class _PendingBatches:
     """Batch metrics of this process not written yet: counters summed, events and warmed keys
     kept in order; a daemon thread writes them in one pipeline every :data:`FLUSH_S`, and
@@ -360,7 +380,7 @@ class _PendingBatches:
         self.store: redis.Redis | None = None
         self.writer_pid: int | None = None
 
-    def add(self, store: redis.Redis, metrics: Any) -> None:
+    def add(self, store: redis.Redis, metrics: _BatchWrites) -> None:
         fields, (history, score, member), kept = metrics
         with self.lock:
             for name, value in fields.items():
@@ -401,15 +421,7 @@ class _PendingBatches:
             return
         try:
             with store.pipeline(transaction=False) as pipe:
-                for name, value in counters.items():
-                    if value:
-                        pipe.hincrbyfloat(SERIES, name, value)
-                    else:
-                        pipe.hsetnx(SERIES, name, 0)  # the series exists from its first batch
-                for key, members in events.items():
-                    pipe.zadd(key, members)
-                for key, mapping in warmed.items():
-                    pipe.hset(key, mapping=cast(Any, mapping))
+                _queue_writes(pipe, counters, events, warmed)
                 pipe.execute()
         except redis.RedisError:
             with self.lock:  # merged with what came meanwhile, for the next write
@@ -472,12 +484,9 @@ def record_batch(
     labels = plan_labels(store, plan_id, engine)
     now = time.time() if now is None else now
     fields, (history, score, member), kept = _batch_metrics(labels, plan_id, items, summary, now)
+    warmed = {kept[0]: {kept[1]: kept[2]}} if kept is not None else {}
     with store.pipeline(transaction=False) as pipe:
-        for name, value in fields.items():
-            pipe.hincrbyfloat(SERIES, name, value)
-        pipe.zadd(history, {member: score})
-        if kept is not None:
-            pipe.hset(kept[0], kept[1], kept[2])
+        _queue_writes(pipe, fields, {history: {member: score}}, warmed)
         pipe.execute()
     return summary
 
