@@ -22,6 +22,9 @@ real batch runner (``tasks.warm_batch.BatchRunner``: WAL, prime, verify, commit)
 (:func:`telemetry_off`) back to back, ``--repeats`` times in ABBA order; the overhead is the
 median over repeats of each pair's ratio of the runner's CPU seconds (``time.process_time``: this
 process only, the simulator runs in its own) and of wall seconds, batched and one item per batch.
+It also times the telemetry calls themselves in the arm with them (:class:`TelemetryClock`, the
+writer thread's writes included): ``telemetry_share_of_wall``, their seconds over the arm's wall
+seconds, the overhead measured directly, without the pairing's run-to-run noise.
 
 Usage::
 
@@ -156,21 +159,27 @@ def telemetry_off() -> Iterator[None]:
     import tasks.warm
     import tasks.warm_batch
 
-    patched = {
+    with replaced({
         (tasks.warm_batch, "plan_labels"): lambda store, plan_id, engine: (engine, "cli"),
         (tasks.warm_batch, "defer_batch"): lambda *args, **kwargs: None,
         (tasks.warm_batch, "record_wal"): lambda *args, **kwargs: None,
         (tasks.adapters.wal_store, "record_wal"): lambda *args, **kwargs: None,
         (tasks.warm, "record_plan"): lambda *args, **kwargs: None,
-    }
-    originals = {target: getattr(*target) for target in patched}
-    for (module, name), replacement in patched.items():
-        setattr(module, name, replacement)
+    }):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def replaced(replacements: dict[tuple[Any, str], Any]) -> Iterator[None]:
+    """``(object, attribute) -> value`` set for the duration, the originals put back after."""
+    originals = {target: getattr(*target) for target in replacements}
+    for (owner, name), value in replacements.items():
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        for (module, name), original in originals.items():
-            setattr(module, name, original)
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
 
 
 def worker_without_telemetry(celery_args: list[str]) -> None:
@@ -287,19 +296,10 @@ class TelemetryClock:
     def timing(self) -> Iterator[None]:
         import tasks.warm_batch
 
-        pending = telemetry._PENDING
-        patched = [(tasks.warm_batch, "defer_batch"), (tasks.warm_batch, "plan_labels"),
-                   (telemetry, "record_plan")]  # fmt: skip
-        originals = [getattr(module, name) for module, name in patched]
-        for (module, name), original in zip(patched, originals, strict=True):
-            setattr(module, name, self.wrap(original))
-        pending.flush = self.wrap(type(pending).flush.__get__(pending))  # type: ignore[method-assign]
-        try:
+        targets = [(tasks.warm_batch, "defer_batch"), (tasks.warm_batch, "plan_labels"),
+                   (telemetry, "record_plan"), (telemetry._PENDING, "flush")]  # fmt: skip
+        with replaced({target: self.wrap(getattr(*target)) for target in targets}):
             yield
-        finally:
-            for (module, name), original in zip(patched, originals, strict=True):
-                setattr(module, name, original)
-            del pending.flush
 
 
 def run_plan_here(store: redis.Redis, settings: Any, n: int, batch_size: int,

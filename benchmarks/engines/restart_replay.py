@@ -4,7 +4,8 @@ What :func:`benchmarks.moving_workload.replay` computes on the block-pool model,
 engine: its prefix cache is cleared (``POST /reset_prefix_cache``: the restart), the arm's
 primings are sent (``max_tokens=1``), then the window's requests one after another
 (``max_tokens=4``); a first use is a hit when vLLM reports cached prompt tokens for it
-(``usage.prompt_tokens_details.cached_tokens`` — exact, free of timing noise). The replay stops
+(``usage.prompt_tokens_details.cached_tokens``, streamed as :mod:`benchmarks.engines.client`
+sends every request — exact, free of timing noise). The replay stops
 after the window's last first use: what follows cannot change a first-use hit.
 
 Token ids are folded into the engine model's vocabulary: which prompts share whole blocks, the
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.engines.client import PATHS, stream
 from benchmarks.engines.engine import SERVED_NAME
 
 
@@ -35,13 +37,8 @@ def fold(ids: Sequence[int], vocab: int) -> list[int]:
 def cached_tokens(client: httpx.Client, ids: list[int], max_tokens: int) -> int:
     """Send one completion of token ids; the prompt tokens vLLM served from its cache."""
     body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0}
-    response = client.post("/v1/completions", json=body)
-    if response.status_code != 200:
-        raise RuntimeError(
-            f"/v1/completions answered {response.status_code}: {response.text[:300]}"
-        )
-    details = response.json().get("usage", {}).get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+    _, usage = stream(client, PATHS["completion"], body)
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def engine_first_use_hits(
