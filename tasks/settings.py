@@ -200,6 +200,10 @@ class TenantSettings(_Section):
     budget_share: float = Field(1.0, gt=0, le=1)
 
 
+#: Seconds a warm-up batch's metrics wait in its worker before they are written (the default).
+METRICS_FLUSH_S = 1.0
+
+
 class Settings(_Section):
     """Everything prewarm can be configured with."""
 
@@ -216,6 +220,9 @@ class Settings(_Section):
     wal_lease_s: int = Field(30, ge=1)
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=1, le=65535)
+    # how long a batch's metrics wait in its worker, summed with the batches after it, before
+    # they are written (tasks.telemetry); 0 writes each batch's as it ends
+    metrics_flush_s: float = Field(METRICS_FLUSH_S, ge=0, le=60)
     engines: tuple[EngineSettings, ...] = ()
     template_repos: tuple[TemplateRepoSettings, ...] = ()
     budget: BudgetSettings = BudgetSettings()
@@ -306,6 +313,7 @@ _ENV_KEYS = (
     "wal_lease_s",
     "api_host",
     "api_port",
+    "metrics_flush_s",
 )
 
 

@@ -16,7 +16,7 @@ Layout (under ``pw:metrics:``)::
                               kept for ``HISTORY_S``; what ``prewarm report`` reads
 
 The ``record_*`` functions are the call sites' one line each; each is one round trip or two.
-A batch's metrics are summed in the worker's process and written every :data:`FLUSH_S`
+A batch's metrics are summed in the worker's process and written every ``metrics_flush_s``
 (:func:`defer_batch`): the warm-up's hot path pays neither a round trip nor a Redis command
 for them.
 A third of this module is :data:`SPECS`, the table of metric families the api exposes.
@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import redis
 
+from pipeline.errors import PrewarmError
 from pipeline.plan import WarmItem, WarmPlan
 from pipeline.triggers import (
     HIT_RATE_DROP,
@@ -51,14 +52,12 @@ from pipeline.triggers import (
 )
 from pipeline.warm_outcome import WarmState, WindowOutcome, window_outcome
 from tasks.adapters import redis_keys
+from tasks.settings import METRICS_FLUSH_S, current_settings
 
 PREFIX = redis_keys.METRICS
 SERIES = PREFIX + "series"
 #: History kept for the report: a week and a day.
 HISTORY_S = 8 * 86400
-#: Seconds a batch's metrics wait in its worker before they are written (with the batches
-#: after it); ``PREWARM_METRICS_FLUSH_S`` sets it, 0 writes each batch's as it ends.
-FLUSH_S = max(0.0, float(os.environ.get("PREWARM_METRICS_FLUSH_S") or 1.0))
 #: Seconds an exiting process waits for a metrics write under way before it gives up.
 EXIT_WAIT_S = 5.0
 #: Committed batches and distinct planned items remembered per engine (oldest dropped first).
@@ -363,11 +362,12 @@ def _queue_writes(
 
 class _PendingBatches:
     """Batch metrics of this process not written yet: counters summed, events and warmed keys
-    kept in order; a daemon thread writes them in one pipeline every :data:`FLUSH_S`, and
+    kept in order; a daemon thread writes them in one pipeline every ``metrics_flush_s`` of the
+    settings (``PREWARM_METRICS_FLUSH_S``; 0: each batch's as it ends), and
     :func:`flush_batch_metrics` (at exit, or where a caller needs them now) writes them at once.
 
     A batch's result is stored with its commit, so a redelivered batch is never counted twice;
-    a worker killed outright loses at most its last :data:`FLUSH_S` of metrics, as a
+    a worker killed outright loses at most its last ``metrics_flush_s`` of metrics, as a
     Prometheus client's counters die with their process.
     """
 
@@ -390,14 +390,18 @@ class _PendingBatches:
                 self.warmed.setdefault(kept[0], {})[kept[1]] = kept[2]
             self.store = store
             first_here = self.writer_pid != os.getpid()  # of this process, or of a fork
-            if FLUSH_S and first_here:
+            if first_here and flush_interval_s():
                 self.writer_pid = os.getpid()
                 threading.Thread(target=self._write_every, name="prewarm-metrics",
                                  daemon=True).start()  # fmt: skip
 
     def _write_every(self) -> None:
         while True:
-            time.sleep(FLUSH_S)
+            try:
+                interval = flush_interval_s() or METRICS_FLUSH_S
+            except PrewarmError:  # settings changed into bad ones: the commands say so
+                interval = METRICS_FLUSH_S
+            time.sleep(interval)
             try:
                 self.flush()
             except redis.RedisError:
@@ -452,12 +456,17 @@ def defer_batch(
     now: float | None = None,
 ) -> None:
     """A batch committed or rolled back on the warm-up's hot path (``labels`` from
-    :func:`plan_labels`): its metrics are written within :data:`FLUSH_S`, with those of the
-    batches after it (see :class:`_PendingBatches`)."""
+    :func:`plan_labels`): its metrics are written within :func:`flush_interval_s`, with those
+    of the batches after it (see :class:`_PendingBatches`)."""
     now = time.time() if now is None else now
     _PENDING.add(store, _batch_metrics(labels, plan_id, items, summary, now))
-    if not FLUSH_S:
+    if not flush_interval_s():
         _PENDING.flush()
+
+
+def flush_interval_s() -> float:
+    """Seconds a batch's metrics wait before they are written (``metrics_flush_s``)."""
+    return current_settings().metrics_flush_s
 
 
 def flush_batch_metrics(wait_s: float = -1) -> None:

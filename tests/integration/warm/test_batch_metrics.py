@@ -1,5 +1,5 @@
 """A batch's metrics: counted once its commit holds, written by the worker's writer within
-``FLUSH_S`` (or at once on a flush), the same series as when every batch wrote its own."""
+``metrics_flush_s`` (or at once on a flush), the same series as when every batch wrote its own."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pipeline.plan import WarmItem, WarmPlan, new_plan_id
 from pipeline.triggers import EngineSample
 from tasks import telemetry
 from tasks.adapters.plan_store import PlanStore
+from tasks.settings import METRICS_FLUSH_S, current_settings
 from tasks.targets.base import WarmOptions
 from tasks.warm_batch import BatchRunner
 from tests.integration.warm.conftest import plan_of, prefix_item, response_item
@@ -107,6 +108,26 @@ def test_every_record_writes_the_series_it_always_wrote(store):
     }
 
 
+@pytest.fixture
+def deferred(monkeypatch):
+    """Batch metrics deferred (the default), whatever the environment says."""
+    monkeypatch.setenv("PREWARM_METRICS_FLUSH_S", str(METRICS_FLUSH_S))
+    current_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    current_settings.cache_clear()
+
+
+def test_a_bad_flush_interval_is_a_settings_error_naming_it():
+    from pipeline.errors import SettingsError
+    from tasks.settings import load_settings
+
+    with pytest.raises(SettingsError, match="metrics_flush_s"):
+        load_settings({"PREWARM_METRICS_FLUSH_S": "soon"})
+    with pytest.raises(SettingsError, match="metrics_flush_s"):
+        load_settings({"PREWARM_METRICS_FLUSH_S": "-1"})
+
+
 def _labels_count(store, name: str, labels: tuple[str, ...]) -> float:
     return dict(telemetry.read_series(store).get(name, {})).get(labels, 0.0)
 
@@ -117,7 +138,7 @@ def test_the_writer_thread_writes_a_batch_without_being_asked(store):
     item = WarmItem("prefix", "k-thread", "m", text="x", tokens=5)
     summary = {"state": "committed", "items": 1, "ok": 1, "failed": 0, "batch": 0}
     telemetry.defer_batch(store, ("thread", "cli"), "p-thread", [item], summary)
-    deadline = time.monotonic() + 10 * telemetry.FLUSH_S
+    deadline = time.monotonic() + 10 * METRICS_FLUSH_S
     while time.monotonic() < deadline:
         if _labels_count(store, "prewarm_items_warmed_total", ("thread", "cli")) == 1.0:
             break
@@ -145,8 +166,7 @@ def test_metrics_a_failed_write_kept_are_written_with_the_next(store):
     assert len(telemetry.warm_state(store, "down").warmed_at) == 2
 
 
-def test_an_exit_flush_does_not_wait_past_its_bound_for_a_write_under_way(store, monkeypatch):
-    monkeypatch.setattr(telemetry, "FLUSH_S", 1.0)  # deferred, whatever the environment says
+def test_an_exit_flush_does_not_wait_past_its_bound_for_a_write_under_way(store, deferred):
     item = WarmItem("prefix", "k-bound", "m", text="x", tokens=2)
     summary = {"state": "committed", "items": 1, "ok": 1, "failed": 0, "batch": 0}
     telemetry.flush_batch_metrics()

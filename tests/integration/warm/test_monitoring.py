@@ -23,6 +23,7 @@ from pipeline.triggers import REPLICA_RESTARTED, TriggerEvent
 from tasks import telemetry
 from tasks.adapters.wal_store import WalStore
 from tasks.engine_watch import cooldown_allows, observe
+from tasks.settings import METRICS_FLUSH_S
 from tasks.warm import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
 from tests.integration.debian_tools import tool
@@ -122,7 +123,7 @@ def run_warmups(sim, store, settings, queue: str) -> None:
     assert recover(settings=settings)
     telemetry.record_tick(store, "sim", ok=True, interval_s=300)
     keys = [item.key for item in plans[0].items] + ["never-seen"]
-    deadline = time.monotonic() + 10 * telemetry.FLUSH_S  # the worker's writer thread
+    deadline = time.monotonic() + 10 * METRICS_FLUSH_S  # the worker's writer thread
     while not set(keys[:-1]) <= set(telemetry.warm_state(store, "sim").warmed_at):
         assert time.monotonic() < deadline, "the worker wrote no metrics of its batches"
         time.sleep(0.05)
