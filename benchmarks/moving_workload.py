@@ -28,15 +28,19 @@ heads (``max_tokens=1``) or re-sends requests, then window ``R`` is replayed. Ar
 * ``true_rate`` — fill by the rate window ``R``'s counts are drawn from (the real client's
   scaled count), not the draw: what a forecaster with no error would know, the bound of any
   forecast from the history;
+* ``rate_history`` — prewarm's forecaster, selected and fitted the same way, on a history of
+  the rates themselves instead of their draws: no sampling noise in what it learns from, so
+  what it misses is the clients' own movement into window ``R``, which no history holds;
 * ``oracle`` — clairvoyant: the heads in the order of their first use in window ``R``;
 * ``cold`` — no warm-up (what "prefill tokens saved" is counted against).
 
-Every count-based arm (prewarm, both popularities, peeking, true rate) plans with the same
-planner: each template's chance of a first use while its primed head is still cached — within
-the first ``s`` of window ``R``, ``s`` the share of a window's working set the cache holds
-(:attr:`Workload.survival`, about a half): ``1 - exp(-rate * s)`` from a forecast, count or rate,
-``1 - (1 - s) ** count`` from peeking's known count — taken by chance per cache block while the
-heads fit, the likeliest primed last (the block pool is an LRU); only what they know differs.
+Every count-based arm (prewarm, both popularities, peeking, true rate, rate history) plans with
+the same planner: each template's chance of a first use while its primed head is still
+cached — within the first ``s`` of window ``R``, ``s`` the share of a window's working set the
+cache holds (:attr:`Workload.survival`, about a half): ``1 - exp(-rate * s)`` from a forecast,
+count or rate, ``1 - (1 - s) ** count`` from peeking's known count — taken by chance per cache
+block while the heads fit, the likeliest primed last (the block pool is an LRU); only what
+they know differs.
 
 Metrics, over the restarts: first uses served from cache (a template's first
 request in window ``R`` finds its head cached) and prefill tokens saved in window ``R`` against
@@ -78,10 +82,12 @@ WINDOW = pd.Timedelta(minutes=10)
 PER_DAY = 144
 DOWNTIMES_MIN = (0, 60, 180)
 NON_PEEKING = ("resend_logged", "prime_all_seen", "whole_history", "last_window")
-ARMS = ("prewarm", *NON_PEEKING, "peeking", "true_rate", "oracle", "cold")
+ARMS = ("prewarm", *NON_PEEKING, "peeking", "true_rate", "rate_history", "oracle", "cold")
 #: Arms the real engine replays too (``--engine-restarts``).
 ENGINE_ARMS = ("prewarm", "last_window", "peeking", "cold")
 VOCABULARY = 32_000
+#: the rate history's counts are the rates in hundredths (the forecaster reads whole counts)
+RATE_SCALE = 100
 
 
 @dataclass(frozen=True)
@@ -115,12 +121,19 @@ class Workload:
 
     def matrix(self) -> CountMatrix:
         """The logged counts as the forecaster reads them."""
-        items, windows = np.nonzero(self.counts)
+        return self._matrix(self.counts)
+
+    def rate_matrix(self) -> CountMatrix:
+        """The rates the counts are drawn from, as counts (in 1/:data:`RATE_SCALE`)."""
+        return self._matrix(np.rint(self.rates * RATE_SCALE).astype(np.int64))
+
+    def _matrix(self, counts: np.ndarray) -> CountMatrix:
+        items, windows = np.nonzero(counts)
         frame = pd.DataFrame({
             "item_kind": "template",
             "item_key": [self.templates.clients[i] for i in items],
             "window_start": self.start + WINDOW * windows,
-            "requests": self.counts[items, windows],
+            "requests": counts[items, windows],
         })  # fmt: skip
         return CountMatrix.from_counts(frame, window=WINDOW)
 
@@ -225,11 +238,13 @@ class Restart:
 def primings(
     workload: Workload,
     restart: Restart,
-    forecast: np.ndarray,
+    forecasts: tuple[np.ndarray, np.ndarray],
     future: list[tuple[int, list[int]]],
     rng: random.Random,
 ) -> dict[str, list[list[int]]]:
-    """What each arm sends before window ``R`` is replayed."""
+    """What each arm sends before window ``R`` is replayed; ``forecasts``: prewarm's, from the
+    counts and from the rates."""
+    forecast, from_rates = forecasts
     history = workload.counts[:, : restart.last_logged + 1]
     last = history[:, -1]
     seen_at = np.where(history > 0, np.arange(history.shape[1]), -1).max(axis=1)
@@ -247,6 +262,7 @@ def primings(
         "last_window": fill_by_value(workload, first_use_chance(last.astype(float), keep), rng),
         "peeking": fill_by_value(workload, known_count_chance(truth, keep), rng),
         "true_rate": fill_by_value(workload, first_use_chance(rate, keep), rng),
+        "rate_history": fill_by_value(workload, first_use_chance(from_rates, keep), rng),
         "oracle": _oracle(workload, first_use),
         "cold": [],
     }
@@ -268,12 +284,19 @@ class Forecasts:
     """prewarm's forecasts: one selection per (day, horizon), fitted on the days before."""
 
     def __init__(
-        self, workload: Workload, budget: tuple[int, ...], refit_days: int, metric: str
+        self,
+        matrix: CountMatrix,
+        clients: list[str],
+        budget: tuple[int, ...],
+        refit_days: int,
+        metric: str,
+        scale: float = 1.0,
     ) -> None:
-        self.matrix = workload.matrix()
+        self.matrix = matrix
+        self.scale = scale  # counts per request in ``matrix``
         self.metric = metric
         self.refit_days = refit_days
-        self.order = _item_order(self.matrix, workload.templates.clients)
+        self.order = _item_order(self.matrix, clients)
         self.budget = budget
         self.selected: dict[tuple[int, int], SelectedForecaster] = {}
         self.seconds: list[float] = []
@@ -294,7 +317,7 @@ class Forecasts:
         t = restart.last_logged
         predicted = self.selected[key].predict_at(self.matrix, t, items, horizon)
         out = np.zeros(len(self.order))
-        out[self.order] = predicted
+        out[self.order] = predicted / self.scale
         return out
 
     def winners(self) -> dict[int, dict[str, int]]:
@@ -325,15 +348,22 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     mean_blocks = np.mean([workload.templates.blocks(i) for i in range(args.templates)])
     fits = max(1, int(workload.capacity // mean_blocks))  # heads of a mean size that fit
     budget = tuple(max(1, round(fits * x)) for x in args.budget_multiples)
-    forecasts = Forecasts(workload, budget, args.refit_days, args.metric)
+    clients = workload.templates.clients
+    forecasts = Forecasts(workload.matrix(), clients, budget, args.refit_days, args.metric)
+    from_rates = Forecasts(
+        workload.rate_matrix(), clients, budget, args.refit_days, args.metric, RATE_SCALE
+    )
     per_downtime: dict[int, dict[str, object]] = {}
     with engine_session(args, workload) as engine:
         for minutes in args.downtimes:
-            per_downtime[minutes] = run_downtime(args, workload, forecasts, minutes, engine)
+            per_downtime[minutes] = run_downtime(
+                args, workload, (forecasts, from_rates), minutes, engine
+            )
     results: dict[str, object] = {"clients": str(args.clients), "templates": args.templates,
                                   "capacity_blocks": workload.capacity,
                                   "per_downtime": per_downtime}  # fmt: skip
     results["winners"] = forecasts.winners()
+    results["rate_history_winners"] = from_rates.winners()
     results["selection_seconds"] = {"n": len(forecasts.seconds),
                                     "max": max(forecasts.seconds, default=0.0)}  # fmt: skip
     return results
@@ -377,7 +407,7 @@ class EngineCheck:
 def run_downtime(
     args: argparse.Namespace,
     workload: Workload,
-    forecasts: Forecasts,
+    forecasts: tuple[Forecasts, Forecasts],
     minutes: int,
     engine: EngineCheck | None,
 ) -> dict[str, object]:
@@ -389,7 +419,8 @@ def run_downtime(
         rng = random.Random(f"{args.seed}-{minutes}-{n}")
         future = window_requests(workload, restart.window, rng)
         totals["first_uses"] += len({t for t, _ in future})
-        plans = primings(workload, restart, forecasts.at(restart), future, rng)
+        predicted = (forecasts[0].at(restart), forecasts[1].at(restart))
+        plans = primings(workload, restart, predicted, future, rng)
         for arm, priming in plans.items():
             hits, cached = replay(workload, priming, future)
             totals[arm] += hits
@@ -442,9 +473,12 @@ def print_results(console: Console, results: dict[str, object]) -> None:
     for minutes, row in per.items():
         hits = row["first_use_hits"]
         bound = hits["true_rate"] / max(hits["peeking"], 1)
+        clean = hits["rate_history"] / max(hits["peeking"], 1)
         console.print(f"downtime {minutes} min: {row['restarts']} restarts, "
                       f"{hits['first_uses']:,.0f} first uses; goals {goals(hits)}; a forecast "
-                      f"with no error (true_rate) reaches {bound:.1%} of peeking")  # fmt: skip
+                      f"with no error (true_rate) reaches {bound:.1%} of peeking, prewarm's "
+                      f"forecaster on a history with no sampling noise (rate_history) "
+                      f"{clean:.1%}")  # fmt: skip
     for minutes, row in per.items():
         check = row.get("engine_check")
         if check:
@@ -452,6 +486,7 @@ def print_results(console: Console, results: dict[str, object]) -> None:
                               check["first_use_hits_engine_model"].items())  # fmt: skip
             console.print(f"downtime {minutes} min, first {check['restarts']} restart(s) on the "
                           f"real vLLM — first-use hits, engine/model: {pairs}")  # fmt: skip
+    console.print(f"on the rate history: {results['rate_history_winners']}")
     console.print(f"prewarm's backtest winners per downtime: {results['winners']}; "
                   f"selections: {results['selection_seconds']}")  # fmt: skip
 
