@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -185,15 +186,21 @@ def infer_window(counts: pd.DataFrame) -> pd.Timedelta:
 
 
 def _dense_grid(
-    counts: pd.DataFrame, step: pd.Timedelta, min_total: int, horizon: int
+    counts: pd.DataFrame,
+    step: pd.Timedelta,
+    min_total: int,
+    horizon: int,
+    last_window: pd.Timestamp | None = None,
 ) -> pd.DataFrame:
     """Every item from its first window to ``horizon`` windows after its last (or to the last
-    window of all, if sooner), zero-filled."""
+    window of all, ``last_window`` when given, if sooner), zero-filled."""
     totals = counts.groupby(KEYS, observed=True)["requests"].transform("sum")
     counts = counts[totals >= min_total]
     seen = counts.groupby(KEYS, observed=True, sort=True)["window_start"]
     first, last_seen = seen.min(), seen.max()
-    end = (last_seen + horizon * step).clip(upper=pd.to_datetime(counts["window_start"]).max())
+    if last_window is None:
+        last_window = pd.to_datetime(counts["window_start"]).max()
+    end = (last_seen + horizon * step).clip(upper=last_window)
     spans = ((end - first) // step).astype("int64").to_numpy() + 1
     if spans.sum() > MAX_GRID_ROWS:
         raise BadInputError(
@@ -222,6 +229,7 @@ def window_features(
     rolling: Sequence[int] = (3, 6),
     window: str | pd.Timedelta | None = None,
     min_total_requests: int = 1,
+    whole: WholeCounts | None = None,
 ) -> pd.DataFrame:
     """Lag and rolling features of ``requests`` on a dense item × window grid.
 
@@ -233,12 +241,17 @@ def window_features(
     the last one (0 when *t* has requests); ``share`` = the item's share of its kind's requests
     at *t*; ``hour``, ``weekday`` of the window; ``target_next`` = requests at *t+1* (missing on
     the last window). Items with fewer than ``min_total_requests`` requests in all are left out.
+
+    ``whole``: the last window and the per-kind totals of a larger set of counts that
+    ``counts`` is a batch of whole items of (each item's rows all in it): the features are
+    then those of that set's rows for these items (:func:`whole_counts`).
     """
     if counts.empty:
         return counts.copy()
     step = pd.Timedelta(window) if window is not None else infer_window(counts)
     horizon = max([*lags, *rolling, 1])
-    grid = _dense_grid(counts, step, min_total_requests, horizon)
+    last_window = whole.last_window if whole is not None else None
+    grid = _dense_grid(counts, step, min_total_requests, horizon, last_window)
     grid = grid.sort_values([*KEYS, "window_start"], ignore_index=True)
     group = grid.groupby(KEYS, observed=True, sort=False)["requests"]
     for k in lags:
@@ -250,13 +263,37 @@ def window_features(
         span = np.minimum(group.cumcount().to_numpy() + 1, w)
         grid[f"roll_mean_{w}"] = (cumulative - earlier) / span
     _add_recency(grid, group)
-    kind_total = grid.groupby(["item_kind", "window_start"], observed=True)["requests"]
-    grid["share"] = grid["requests"] / kind_total.transform("sum").replace(0, np.nan)
+    if whole is None:
+        kind_total = grid.groupby(["item_kind", "window_start"], observed=True)["requests"]
+        totals = kind_total.transform("sum")
+    else:
+        totals = grid[_KIND_WINDOW].merge(whole.kind_totals, on=_KIND_WINDOW, how="left")
+        totals = totals["kind_requests"].fillna(0).set_axis(grid.index)
+    grid["share"] = grid["requests"] / totals.replace(0, np.nan)
     grid["share"] = grid["share"].fillna(0.0)
     grid["hour"] = grid["window_start"].dt.hour.astype("int64")
     grid["weekday"] = grid["window_start"].dt.day_of_week.astype("int64")
     grid["target_next"] = group.shift(-1).astype("Int64")
     return grid
+
+
+_KIND_WINDOW = ["item_kind", "window_start"]
+
+
+@dataclass(frozen=True)
+class WholeCounts:
+    """What the features of a batch of items need from all the counts: the last window, and
+    each kind's requests per window (``item_kind``, ``window_start``, ``kind_requests``)."""
+
+    last_window: pd.Timestamp
+    kind_totals: pd.DataFrame
+
+
+def whole_counts(counts: pd.DataFrame) -> WholeCounts:
+    """:class:`WholeCounts` of ``counts`` (those of items with enough requests)."""
+    totals = counts.groupby(_KIND_WINDOW, observed=True, as_index=False)["requests"].sum()
+    totals = totals.rename(columns={"requests": "kind_requests"})
+    return WholeCounts(pd.to_datetime(counts["window_start"]).max(), totals)
 
 
 def _add_recency(grid: pd.DataFrame, group: pd.core.groupby.SeriesGroupBy) -> None:

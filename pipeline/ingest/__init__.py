@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,7 @@ from pipeline.ingest.chunk import METRIC_FIELDS
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.run import Progress, run_ingest
 from pipeline.ingest.sinks import (
+    COUNT_KEYS,
     COUNTS_SCHEMA,
     MemorySink,
     ParquetSink,
@@ -47,7 +49,7 @@ from pipeline.ingest.sinks import (
 from pipeline.ingest.state import IngestState
 from pipeline.ingest.summary import FileSummary
 from pipeline.records import records_frame
-from pipeline.windows import window_features
+from pipeline.windows import COUNT_DTYPES, whole_counts, window_features
 
 __all__ = [
     "FileSummary",
@@ -117,31 +119,80 @@ def windows_result(
     return pd.concat([features, rare], ignore_index=True)
 
 
+#: count rows whose features are computed at once: each batch's dense grid and its features
+#: are a few hundred bytes a row, so a 1 GB vLLM log's 1.5M rows are written in a few batches
+FEATURE_BATCH_ROWS = 400_000
+
+
 def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
     """``windows.parquet`` as :func:`windows_result` makes it, in bounded memory: the
-    featured rows of frequent items (pandas), then the count rows of rare ones (Arrow, never
-    converted); returns the rows written."""
+    featured rows of frequent items (pandas, a batch of whole items at a time, in item
+    order), then the count rows of rare ones (Arrow, never converted, in item order);
+    returns the rows written."""
     keys = ["item_kind", "item_key"]
     totals = counts.group_by(keys).aggregate([("requests", "sum")])
     frequent_keys = totals.filter(pc.field("requests_sum") >= options.min_item_requests)
     frequent_keys = frequent_keys.select(keys)
-    frequent = counts.join(frequent_keys, keys, join_type="inner")
-    rare = counts.join(frequent_keys, keys, join_type="left anti")
+    order = [(k, "ascending") for k in COUNT_KEYS]
+    frequent = counts.join(frequent_keys, keys, join_type="inner").sort_by(order)
+    rare = counts.join(frequent_keys, keys, join_type="left anti").sort_by(order)
     if frequent.num_rows == 0:
         pq.write_table(with_pandas_dtypes(rare.cast(COUNTS_SCHEMA)), path)
         return rare.num_rows
-    features = windows_result(counts_frame_of(frequent.select(COUNTS_SCHEMA.names)), options.window)
-    table = pa.Table.from_pandas(features, preserve_index=False)
-    del features, frequent
-    with pq.ParquetWriter(path, table.schema) as writer:
-        writer.write_table(table)
+    frequent = frequent.select(COUNTS_SCHEMA.names)
+    whole = whole_counts(_kind_counts(frequent))
+    rows, writer = 0, None
+    try:
+        for batch in _item_batches(frequent, FEATURE_BATCH_ROWS):
+            features = window_features(counts_frame_of(batch), window=options.window, whole=whole)
+            # rare rows have no features: the integer ones are nullable integers
+            ints = [c for c in features.columns if c not in COUNTS_SCHEMA.names]
+            ints = [c for c in ints if features[c].dtype == "int64"]
+            features[ints] = features[ints].astype("Int64")
+            table = pa.Table.from_pandas(features, preserve_index=False)
+            del features
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema)
+            writer.write_table(table.cast(writer.schema))
+            rows += table.num_rows
+        assert writer is not None  # frequent has rows: one batch at least
         if rare.num_rows:
-            for name in table.schema.names:  # rare rows: features missing
-                if name not in rare.schema.names:
-                    field = table.schema.field(name)
-                    rare = rare.append_column(name, pa.nulls(rare.num_rows, field.type))
-            writer.write_table(rare.select(table.schema.names).cast(table.schema))
-    return table.num_rows + rare.num_rows
+            writer.write_table(_without_features(rare, writer.schema))
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows + rare.num_rows
+
+
+def _kind_counts(counts: pa.Table) -> pd.DataFrame:
+    """The kind, window and requests of every count row (what :func:`whole_counts` reads)."""
+    columns = ["item_kind", "window_start", "requests"]
+    frame = counts.select(columns).to_pandas()
+    return frame.astype({c: COUNT_DTYPES[c] for c in columns})
+
+
+def _item_batches(counts: pa.Table, rows: int) -> Iterable[pa.Table]:
+    """``counts`` (sorted by item) in slices of about ``rows`` rows that never split an item."""
+    kinds, keys = counts.column("item_kind"), counts.column("item_key")
+    changed = pc.or_(
+        pc.not_equal(kinds.slice(1), kinds.slice(0, len(kinds) - 1)),
+        pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)),
+    )
+    starts = np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1  # where an item begins
+    start = 0
+    while start < counts.num_rows:
+        at = int(np.searchsorted(starts, start + rows))  # the first item start at or past it
+        stop = int(starts[at]) if at < len(starts) else counts.num_rows
+        yield counts.slice(start, stop - start)
+        start = stop
+
+
+def _without_features(rare: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rare items' count rows in the featured rows' schema (features missing)."""
+    for name in schema.names:
+        if name not in rare.column_names:
+            rare = rare.append_column(name, pa.nulls(rare.num_rows, schema.field(name).type))
+    return rare.select(schema.names).cast(schema)
 
 
 def ingest_paths(

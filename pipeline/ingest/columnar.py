@@ -10,7 +10,7 @@ path would give (``tests/unit/ingest/test_columnar.py`` checks it line by line).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from pipeline.ingest.lines import arrow_lines
 
 #: a TGI ``Success`` event on one line, in the shape the router prints it (FORMATS.md 2.4):
 #: a handler span with quoted timing fields, its parameters (quoted or raw Debug) first
@@ -105,14 +107,14 @@ def by_unique(
 
 
 def tgi_success_rows(
-    lines: list[str],
+    lines: Sequence[str],
     decode_params: Callable[[str], str],
     params_fields: Callable[[str], dict[str, Any]],
     endpoints: dict[str, str],
 ) -> tuple[np.ndarray, pd.DataFrame | None]:
     """Which of ``lines`` are plain ``Success`` events, and their record heads (``_line`` is
     the index in ``lines``; the caller shifts it)."""
-    array = pa.array(lines, pa.string())
+    array = arrow_lines(lines)
     mask = pc.match_substring_regex(array, TGI_SUCCESS)
     if not pc.any(mask).as_py():
         return np.zeros(len(lines), dtype=bool), None
@@ -126,7 +128,10 @@ def tgi_success_rows(
     params = _halves(before, "{parameters=")[1]
     params = pc.if_else(pc.equal(pc.utf8_length(params), 0), None, params)
     tail = pc.extract_regex(after, _TAIL)
-    fallback = pc.or_kleene(pc.invert(pc.is_valid(tail)), pc.match_substring(params, 'request="'))
+    # (per distinct parameters: clients repeat theirs)
+    encoded = pc.dictionary_encode(params)
+    has_request = pc.take(pc.match_substring(encoded.dictionary, 'request="'), encoded.indices)
+    fallback = pc.or_kleene(pc.invert(pc.is_valid(tail)), has_request)
     timings = {}
     for name in _TIMINGS:
         timings[name], bad = durations_s(_part(tail, name))

@@ -9,6 +9,7 @@ are in flight, so memory stays bounded by the chunk size.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -98,15 +99,18 @@ def finish_part(job: PartJob) -> FinishedPart:
     return done
 
 
-def finishing_pool(workers: int) -> Executor | None:
-    """Processes that finish chunks (``None``: this one). Start it while this process is
-    small: forked workers share its pages, and a run's parent grows (counts, tails) until the
-    last file is finished, so a later fork would cost ~300 MB more at the peak of a 1 GB log."""
+@contextlib.contextmanager
+def finishing_pool(workers: int) -> Iterator[Executor | None]:
+    """``workers`` processes that finish a file's pieces (``None``: this one), shut down after.
+    They fork at the first job, when the file's pieces are parsed: the parent is still small
+    then (its counts grow as the pieces come back), and its pages are shared."""
     if workers < 1:
-        return None
+        yield None
+        return
     # fork: the workers inherit the imported modules (a fresh interpreter costs ~1 s each)
     context = multiprocessing.get_context("fork")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        yield pool
 
 
 def ordered_map(

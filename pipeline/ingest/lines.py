@@ -17,9 +17,13 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.ingest.summary import Rejects
 
@@ -30,6 +34,45 @@ DEFAULT_MAX_LINE_BYTES = 8 << 20
 
 TOO_LONG = "line too long"
 BAD_GZIP = "truncated or corrupt gzip"
+
+
+class Lines(list[str]):
+    """A block's decoded lines, and (when the block decoded whole) its bytes, so that a
+    column-wise reader gets them as an Arrow array without a Python object per line."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, lines: Iterable[str] = (), raw: bytes | None = None) -> None:
+        super().__init__(lines)
+        #: the block's UTF-8 bytes, one ``\n`` after each line (None: not known)
+        self._raw = raw
+
+    def arrow(self) -> pa.StringArray:
+        """The lines as an Arrow string array (cut from the block's bytes when known)."""
+        found = None if self._raw is None or not self else _arrow_lines(self._raw, len(self))
+        return pa.array(self, pa.string()) if found is None else found
+
+
+def arrow_lines(lines: Iterable[str]) -> pa.StringArray:
+    """``lines`` as an Arrow string array: from a :class:`Lines` block's bytes, else built."""
+    if isinstance(lines, Lines):
+        return lines.arrow()
+    return pa.array(list(lines), pa.string())
+
+
+def _arrow_lines(raw: bytes, count: int) -> pa.StringArray | None:
+    """``count`` lines of ``raw`` (each ended by ``\n``): every line's bytes and its newline
+    as one value, then the newline cut off (about 10x faster than building from strings);
+    ``None`` when ``raw`` does not hold ``count`` lines."""
+    ends = np.flatnonzero(np.frombuffer(raw, np.uint8) == 10)
+    if len(ends) != count:
+        return None
+    offsets = np.empty(count + 1, np.int32)
+    offsets[0], offsets[1:] = 0, ends + 1
+    with_ends = pa.BinaryArray.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(raw)]
+    )
+    return pc.binary_slice(with_ends, 0, -1).cast(pa.string())
 
 
 def is_gzip(path: str | Path) -> bool:
@@ -207,13 +250,16 @@ class LineReader:
         return carry + block, False
 
     def _decode(self, data: bytes) -> list[str]:
+        """The lines of ``data`` (a whole block's lines keep its bytes: :class:`Lines`)."""
         if not data:
             return []
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             return [self._decode_line(raw) for raw in data[:-1].split(b"\n")]
-        return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+        if not text.endswith("\n"):
+            return text.split("\n")
+        return Lines(text[:-1].split("\n"), data)
 
     def _decode_line(self, raw: bytes) -> str:
         try:

@@ -24,7 +24,14 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.detect import detect_format
-from pipeline.ingest.finish import PartJob, finish_part, finishing_pool, ordered_map, read_part
+from pipeline.ingest.finish import (
+    FinishedPart,
+    PartJob,
+    finish_part,
+    finishing_pool,
+    ordered_map,
+    read_part,
+)
 from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
@@ -138,6 +145,11 @@ def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> 
 # --- workers --------------------------------------------------------------------------------
 
 
+#: finished pieces in flight per finishing process: the next is queued while the parent
+#: writes the last (without, a process waits ~50 ms per piece for its next job)
+JOBS_AHEAD = 4
+
+
 @dataclass(frozen=True)
 class ChunkJob:
     """What a worker needs: the chunk, the options, where to put its part."""
@@ -197,11 +209,10 @@ def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[list[ChunkResu
 class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
-    def __init__(
-        self, plan: FilePlan, options: IngestOptions, pool: Executor | None = None
-    ) -> None:
+    def __init__(self, plan: FilePlan, options: IngestOptions, parallel: bool = False) -> None:
         self.plan = plan
-        self.pool = pool  # processes finishing chunks (None: this one)
+        #: finish the pieces in worker processes (``options.workers`` > 1 and many chunks)
+        self.parallel = parallel and options.workers > 1 and len(plan.chunks) > 1
         self.options = options
         #: the file's pieces, in file order (each with its parts)
         self.chunks: list[ChunkResult] = []
@@ -238,7 +249,33 @@ class FileAssembly:
         self.summary.assumptions.extend(facts.notes)
         used: set[str] = set(self.plan.state.recent_ids)
         jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
-        for i, done in enumerate(ordered_map(finish_part, jobs, self.pool, self.options.workers)):
+        finishers = self._finishers()
+        # one finisher: the next piece is queued while the parent writes (a second would be
+        # a second piece's working set); several: JOBS_AHEAD each
+        ahead = JOBS_AHEAD * finishers if finishers > 1 else self.options.workers
+        with finishing_pool(finishers) as pool:
+            finished = ordered_map(finish_part, jobs, pool, ahead)
+            self._finish_parts(sink, fmt, facts, used, finished)
+        self._emit_orphans(sink, used, fmt, facts)
+
+    def _finishers(self) -> int:
+        """Processes that finish the pieces: one per worker, but one when the records carry
+        prompts (a piece's working set is then ~6x its part, and the parent's prefix counts
+        grow: two pushed a 1 GB vLLM log past 1 GB peak), none for a serial run."""
+        if not self.parallel:
+            return 0
+        prompts = any(chunk.longest_prompt for chunk in self.chunks)
+        return 1 if prompts else self.options.workers
+
+    def _finish_parts(
+        self,
+        sink: MemorySink,
+        fmt: LogFormat,
+        facts: FileFacts,
+        used: set[str],
+        finished: Iterator[FinishedPart],
+    ) -> None:
+        for i, done in enumerate(finished):
             used |= done.used
             self.plan.state.recent_ids.extend(done.recent_ids)
             self.summary.records += done.rows
@@ -251,7 +288,6 @@ class FileAssembly:
             del done
             # Arrow's allocator keeps freed chunk buffers for reuse: ~100 MB per chunk in flight
             pa.default_memory_pool().release_unused()
-        self._emit_orphans(sink, used, fmt, facts)
 
     def _part_jobs(
         self, fmt: LogFormat, facts: FileFacts, window: str, as_table: bool
@@ -359,16 +395,7 @@ def run_ingest(
     _check_tz(options.tz)
     files, skipped = find_inputs(paths)
     plans = [plan_file(p, options, state) for p in files]
-    # forked first, while this process is small (see finishing_pool)
-    # One finishing process: with two, their chunks' working sets (~190 MB each) on top of the
-    # parent's counts pushed a 1 GB vLLM log past 1 GB peak; one still takes the finishing off
-    # the parent, which meanwhile writes the previous chunk.
-    pool = finishing_pool(1) if options.workers > 1 and _many_chunks(plans) else None
-    try:
-        summaries = _run_plans(plans, options, sink, state is not None, pool, progress)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    summaries = _run_plans(plans, options, sink, state is not None, progress)
     for i, plan in enumerate(plans):
         if i not in summaries:
             summaries[i] = _unknown_summary(plan, options, state is not None)
@@ -384,16 +411,11 @@ def _skipped(path: Path, reason: str) -> FileSummary:
     return summary
 
 
-def _many_chunks(plans: list[FilePlan]) -> bool:
-    return any(len(p.chunks) > 1 for p in plans)
-
-
 def _run_plans(
     plans: list[FilePlan],
     options: IngestOptions,
     sink: MemorySink,
     incremental: bool,
-    pool: Executor | None,
     progress: Progress | None,
 ) -> dict[int, FileSummary]:
     """Parse every chunk, finishing each file as soon as its last chunk is in."""
@@ -401,7 +423,7 @@ def _run_plans(
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
         jobs, owners = _jobs(plans, options, incremental, scratch)
-        assemblies = {i: FileAssembly(p, options, pool) for i, p in enumerate(plans)}
+        assemblies = {i: FileAssembly(p, options, parallel=True) for i, p in enumerate(plans)}
         total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
         done, last = 0, len(jobs) - 1
         for n, (owner, pieces) in enumerate(

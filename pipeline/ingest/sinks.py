@@ -7,6 +7,7 @@ one chunk's records.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,10 @@ class MemorySink:
 
 
 class ParquetSink(MemorySink):
-    """Streams records into ``DIR/records.parquet``; keeps only counts and metrics."""
+    """Streams records into ``DIR/records.parquet``; keeps only counts and metrics.
+
+    A chunk's table is encoded and written in a thread (Arrow releases the GIL) while the
+    next chunk is finished: never more than one write in flight, in chunk order."""
 
     def __init__(self, window: str, out_dir: Path) -> None:
         super().__init__(window)
@@ -144,23 +148,38 @@ class ParquetSink(MemorySink):
         self.path = out_dir / "records.parquet"
         self.writer = pq.ParquetWriter(self.path, RECORDS_SCHEMA)
         self.rows = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
+        self._writing: Future[None] | None = None
 
     def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
         """Write one chunk of records and keep its window counts (given, or computed)."""
         if frame.empty:
             return
-        self.writer.write_table(records_table(frame))
-        self.rows += len(frame)
+        self._write(records_table(frame))
         self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
 
     def add_records_table(self, table: pa.Table, counts: pd.DataFrame) -> None:
         """Write one chunk of records already converted by :func:`records_table`."""
         if table.num_rows == 0:
             return
-        self.writer.write_table(table)
-        self.rows += table.num_rows
+        self._write(table)
         self.add_counts(counts)
+
+    def _write(self, table: pa.Table) -> None:
+        self._wait()
+        self.rows += table.num_rows
+        self._writing = self._thread.submit(self.writer.write_table, table)
+
+    def _wait(self) -> None:
+        """Let the write in flight end (its error, a full disk, is raised here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
 
     def close(self) -> None:
         """Finish the Parquet file (an empty run still leaves a valid, empty file)."""
-        self.writer.close()
+        try:
+            self._wait()
+        finally:
+            self._thread.shutdown()
+            self.writer.close()

@@ -278,20 +278,34 @@ class TgiChunkParser:
                 )
             return
         fast, frame = tgi_success_rows(
-            list(lines), _printed_parameters, self._parameter_fields, ENDPOINTS
+            lines, _printed_parameters, self._parameter_fields, ENDPOINTS
         )
-        taken = []
-        for i, (line, read_here) in enumerate(zip(lines, fast.tolist(), strict=True)):
-            if read_here and self.current is not None:
-                self._flush()  # an event still open may be an ``Input:`` this line joins
-            if read_here and not self.inputs:
-                taken.append(i)
-            else:
-                self._text_line(line, first_line + i)
-        if frame is not None and taken:
-            read = frame[np.isin(frame["_line"].to_numpy(), taken)].reset_index(drop=True)
+        taken = np.zeros(len(lines), dtype=bool)
+        start = 0
+        for stop in [*np.flatnonzero(~fast).tolist(), len(lines)]:
+            self._read_run(lines, first_line, start, stop, taken)
+            if stop < len(lines):
+                self._text_line(lines[stop], first_line + stop)
+            start = stop + 1
+        if frame is not None and taken.any():
+            read = frame[taken[frame["_line"].to_numpy()]].reset_index(drop=True)
             read["_line"] = read["_line"] + first_line
             self.out.head_frames.append(read)
+
+    def _read_run(
+        self, lines: Sequence[str], first_line: int, start: int, stop: int, taken: np.ndarray
+    ) -> None:
+        """Lines ``start .. stop-1``, plain ``Success`` lines read column-wise: taken as read,
+        but while an ``Input:`` is pending each goes by the per-line path (it may join it)."""
+        i = start
+        while i < stop:
+            if self.current is not None:
+                self._flush()  # an event still open may be an ``Input:`` this line joins
+            if not self.inputs:
+                taken[i:stop] = True
+                return
+            self._text_line(lines[i], first_line + i)
+            i += 1
 
     # --- text -------------------------------------------------------------------------------
 
@@ -511,6 +525,7 @@ class TgiChunkParser:
         )
         record["prompt"] = prompt
         record["prompt_truncated"] = cut
+        self.out.longest_prompt = max(self.out.longest_prompt, len(prompt))
         hashes = self._hasher.hashes(prompt)
         record["prefix_hashes"] = hashes[:-1] if cut else hashes
 

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
+
+from pipeline.ingest.lines import arrow_lines
 
 OTHER, ENVELOPED = 0, 1
 
@@ -49,7 +50,7 @@ class LineKinds:
 
 def line_kinds(lines: Sequence[str]) -> LineKinds:
     """Classify ``lines`` by their heads (see the module docstring)."""
-    array = pa.array(lines, pa.string())
+    array = arrow_lines(lines)
     found = pc.extract_regex(pc.utf8_slice_codeunits(array, 0, _HEAD_CHARS), ENVELOPE)
     kinds = np.where(pc.is_valid(found).to_numpy(zero_copy_only=False), ENVELOPED, OTHER)
     message_at = pc.fill_null(pc.utf8_length(pc.struct_field(found, "env")), 0)

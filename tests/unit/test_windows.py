@@ -96,3 +96,36 @@ def test_timing_columns_carry_recency_tail_and_chain_position():
     late = key.loc[("prefix", "a", T0 + pd.Timedelta(minutes=20))]
     assert (late["last_offset_s"], late["tail_requests"], late["leaf_requests"]) == (300.0, 0, 1)
     assert key.loc[("model", "m", T0), "chain_depth"] == 0
+
+
+@pytest.mark.parametrize("min_requests", [1, 12])
+@pytest.mark.parametrize("batch_rows", [1, 5, 10**9])
+def test_windows_written_in_batches_of_whole_items_equal_those_made_at_once(
+    tmp_path, monkeypatch, batch_rows, min_requests
+):
+    """write_windows (the CLI's bounded-memory path) gives windows_result's rows, in item
+    order, however small its batches: features of an item never depend on the batch."""
+    import numpy as np
+
+    import pipeline.ingest as ingest
+    from pipeline.ingest import IngestOptions, windows_result, write_windows
+    from pipeline.ingest.sinks import counts_table
+
+    rng = np.random.default_rng(7)
+    rows = [
+        {"item_kind": kind, "item_key": f"k{rng.integers(9)}",
+         "window_start": T0 + pd.Timedelta(minutes=10 * int(rng.integers(40))),
+         "requests": int(rng.integers(1, 5)), "prompt_tokens": 3, "output_tokens": 1}
+        for kind in ("prefix", "template", "tenant") for _ in range(60)
+    ]  # fmt: skip
+    counts = pd.DataFrame(rows).astype(COUNT_DTYPES)
+    counts = counts.groupby(["item_kind", "item_key", "window_start"], as_index=False).sum()
+    counts = counts.astype(COUNT_DTYPES)
+    monkeypatch.setattr(ingest, "FEATURE_BATCH_ROWS", batch_rows)
+    options = IngestOptions(min_item_requests=min_requests)
+    written = write_windows(counts_table(counts), tmp_path / "w.parquet", options)
+    got = pd.read_parquet(tmp_path / "w.parquet")
+    expected = windows_result(counts, options.window, options.min_item_requests)
+    assert written == len(got) == len(expected)
+    assert got["lag_1"].isna().any() == (min_requests > 1)  # rare rows: no features
+    pd.testing.assert_frame_equal(got, expected)
