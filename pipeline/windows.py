@@ -128,9 +128,10 @@ def _prefix_items(records: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
 
 def _item_rows(records: pd.DataFrame, base: pd.DataFrame) -> list[pd.DataFrame]:
     parts = []
-    if "prefix_hashes" in records:
+    # a column with no value at all (a log without prompts) costs no per-row pass
+    if "prefix_hashes" in records and not records["prefix_hashes"].isna().all():
         parts.append(_prefix_items(records, base))
-    if "prompt" in records:
+    if "prompt" in records and not records["prompt"].isna().all():
         # a list comprehension: Series.map costs ~2x the hashing itself on 100k prompts
         prompts = records["prompt"].astype("string").tolist()
         keys = [prompt_key(p) if isinstance(p, str) else None for p in prompts]

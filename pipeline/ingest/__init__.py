@@ -38,12 +38,10 @@ from pipeline.ingest.chunk import METRIC_FIELDS
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.run import Progress, run_ingest
 from pipeline.ingest.sinks import (
-    COUNT_KEYS,
     COUNTS_SCHEMA,
     MemorySink,
     ParquetSink,
     counts_frame_of,
-    sum_counts,
     with_pandas_dtypes,
 )
 from pipeline.ingest.state import IngestState
@@ -121,21 +119,20 @@ def windows_result(
 
 #: count rows whose features are computed at once: each batch's dense grid and its features
 #: are a few hundred bytes a row, so a 1 GB vLLM log's 1.5M rows are written in a few batches
-FEATURE_BATCH_ROWS = 400_000
+FEATURE_BATCH_ROWS = 150_000
 
 
 def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
     """``windows.parquet`` as :func:`windows_result` makes it, in bounded memory: the
-    featured rows of frequent items (pandas, a batch of whole items at a time, in item
-    order), then the count rows of rare ones (Arrow, never converted, in item order);
-    returns the rows written."""
-    keys = ["item_kind", "item_key"]
-    totals = counts.group_by(keys).aggregate([("requests", "sum")])
-    frequent_keys = totals.filter(pc.field("requests_sum") >= options.min_item_requests)
-    frequent_keys = frequent_keys.select(keys)
-    order = [(k, "ascending") for k in COUNT_KEYS]
-    frequent = counts.join(frequent_keys, keys, join_type="inner").sort_by(order)
-    rare = counts.join(frequent_keys, keys, join_type="left anti").sort_by(order)
+    featured rows of frequent items (pandas, a batch of whole items at a time), then the
+    count rows of rare ones (Arrow, never converted); returns the rows written. ``counts``
+    is sorted by item and window (:meth:`MemorySink.summed_counts`), and so is each part."""
+    starts = _item_starts(counts)
+    requests = counts.column("requests").to_numpy()
+    totals = np.add.reduceat(requests, starts) if len(starts) else requests[:0]
+    lengths = np.diff(np.append(starts, counts.num_rows))
+    keep = pa.array(np.repeat(totals >= options.min_item_requests, lengths))
+    frequent, rare = counts.filter(keep), counts.filter(pc.invert(keep))
     if frequent.num_rows == 0:
         pq.write_table(with_pandas_dtypes(rare.cast(COUNTS_SCHEMA)), path)
         return rare.num_rows
@@ -164,6 +161,19 @@ def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
     return rows + rare.num_rows
 
 
+def _item_starts(counts: pa.Table) -> np.ndarray:
+    """Where each item's rows begin in ``counts`` (sorted by item)."""
+    if counts.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    kinds, keys = counts.column("item_kind"), counts.column("item_key")
+    changed = pc.or_(
+        pc.not_equal(kinds.slice(1), kinds.slice(0, len(kinds) - 1)),
+        pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)),
+    )
+    later = np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1
+    return np.concatenate(([0], later)).astype(np.int64)
+
+
 def _kind_counts(counts: pa.Table) -> pd.DataFrame:
     """The kind, window and requests of every count row (what :func:`whole_counts` reads)."""
     columns = ["item_kind", "window_start", "requests"]
@@ -173,12 +183,7 @@ def _kind_counts(counts: pa.Table) -> pd.DataFrame:
 
 def _item_batches(counts: pa.Table, rows: int) -> Iterable[pa.Table]:
     """``counts`` (sorted by item) in slices of about ``rows`` rows that never split an item."""
-    kinds, keys = counts.column("item_kind"), counts.column("item_key")
-    changed = pc.or_(
-        pc.not_equal(kinds.slice(1), kinds.slice(0, len(kinds) - 1)),
-        pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)),
-    )
-    starts = np.flatnonzero(changed.to_numpy(zero_copy_only=False)) + 1  # where an item begins
+    starts = _item_starts(counts)[1:]
     start = 0
     while start < counts.num_rows:
         at = int(np.searchsorted(starts, start + rows))  # the first item start at or past it
@@ -207,7 +212,7 @@ def ingest_paths(
     summaries = run_ingest(paths, options, sink, state, progress)
     records = pd.concat(sink.records, ignore_index=True) if sink.records else records_frame([])
     records = records.sort_values("ts", kind="stable", ignore_index=True)
-    counts = counts_frame_of(sum_counts(sink.counts))
+    counts = counts_frame_of(sink.summed_counts())
     windows = windows_result(counts, options.window, options.min_item_requests)
     return IngestResult(records, metrics_result(sink.metrics), windows, summaries, counts)
 
@@ -232,8 +237,7 @@ def ingest_to_dir(
         sink.close()
     metrics = metrics_result(sink.metrics)
     metrics.to_parquet(out / "metrics.parquet", index=False)
-    counts = sum_counts(sink.counts)
-    sink.counts.clear()
+    counts = sink.summed_counts()
     pq.write_table(with_pandas_dtypes(counts), out / "counts.parquet")
     windows_rows = write_windows(counts, out / "windows.parquet", options)
     files = [s.to_dict() for s in summaries]

@@ -66,7 +66,11 @@ def _missing(value: Any) -> bool:
 def finalize_log_records(frame: pd.DataFrame, source: str, options: IngestOptions) -> pd.DataFrame:
     """Filled-in options and chains as lists; canonical columns out."""
     frame["source"] = source
-    frame["prefix_hashes"] = [h if isinstance(h, list) else None for h in frame["prefix_hashes"]]
+    hashes = frame["prefix_hashes"]
+    if hashes.isna().all():  # a log without prompts (TGI text): no per-row pass
+        frame["prefix_hashes"] = None
+    else:
+        frame["prefix_hashes"] = [h if isinstance(h, list) else None for h in hashes]
     for column in ("model", "tenant"):
         value = getattr(options, column)
         if value is not None:

@@ -23,7 +23,7 @@ from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
 from pipeline.ingest.detect import detect_format
 from pipeline.ingest.parse import ChunkSpec, plan_chunks
 from pipeline.ingest.run import ChunkJob, FileAssembly, FilePlan, run_chunk
-from pipeline.ingest.sinks import ParquetSink, sum_counts, with_pandas_dtypes
+from pipeline.ingest.sinks import ParquetSink, with_pandas_dtypes
 from pipeline.ingest.state import identify
 
 
@@ -103,7 +103,7 @@ def assemble_file(
     finally:
         sink.close()
     metrics_result(sink.metrics).to_parquet(out / "metrics.parquet", index=False)
-    counts = sum_counts(sink.counts)
+    counts = sink.summed_counts()
     pq.write_table(with_pandas_dtypes(counts), out / "counts.parquet")
     write_windows(counts, out / "windows.parquet", options)
     return {**summary.to_dict(), "out": str(out), "chunks": len(chunks)}

@@ -29,6 +29,11 @@ _ARROW = {
 }
 #: chunks' counts are summed every this many chunks (a window spans chunks; sums are exact)
 COMBINE_EVERY = 4
+#: counts are kept in this many buckets of windows (window number modulo it): a log's chunks
+#: come in time order, so a chunk's counts are summed with its own windows' bucket only, not
+#: with everything counted so far (whose re-sum grew to ~450 MB at the end of a 1 GB vLLM
+#: log); buckets hold disjoint windows, so the final counts are their concatenation
+WINDOW_BUCKETS = 16
 RECORDS_SCHEMA = pa.schema([(c, _ARROW[t]) for c, t in RECORD_DTYPES.items()])
 
 
@@ -37,7 +42,9 @@ def records_table(frame: pd.DataFrame) -> pa.Table:
     hashes = frame["prefix_hashes"]
     arrays = []
     for column in RECORD_COLUMNS:
-        if column == "prefix_hashes":
+        if column == "prefix_hashes" and hashes.isna().all():  # no prompts: no per-row pass
+            arrays.append(pa.nulls(len(frame), pa.list_(pa.string())))
+        elif column == "prefix_hashes":
             values = [list(map(str, h)) if _is_list(h) else None for h in hashes]
             arrays.append(pa.array(values, type=pa.list_(pa.string())))
         else:
@@ -113,7 +120,9 @@ class MemorySink:
         self.window = window
         self.records: list[pd.DataFrame] = []
         self.metrics: list[pd.DataFrame] = []
-        self.counts: list[pa.Table] = []
+        #: counts tables per bucket of windows (see WINDOW_BUCKETS)
+        self.counts: dict[int, list[pa.Table]] = {}
+        self._step_us = max(1, pd.Timedelta(window).value // 1000)
 
     def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
         """One finished chunk of records (canonical columns), with its window counts when
@@ -129,11 +138,23 @@ class MemorySink:
 
     def add_counts(self, frame: pd.DataFrame) -> None:
         """Counts of one chunk (or counts that come as such: ServeGen series)."""
-        if not frame.empty:
-            self.counts.append(counts_table(frame))
-        if len(self.counts) >= COMBINE_EVERY:  # keep one summed table, not one per chunk
-            # unsorted: sorting the growing sum every few chunks cost more than the sums
-            self.counts = [sum_counts(self.counts, ordered=False)]
+        if frame.empty:
+            return
+        table = counts_table(frame)
+        starts = table.column("window_start").cast(pa.int64()).to_numpy()
+        buckets = starts // self._step_us % WINDOW_BUCKETS
+        for bucket in np.unique(buckets).tolist():
+            tables = self.counts.setdefault(bucket, [])
+            tables.append(table.filter(pa.array(buckets == bucket)))
+            if len(tables) >= COMBINE_EVERY:  # keep one summed table, not one per chunk
+                # unsorted: sorting every few chunks cost more than the sums
+                self.counts[bucket] = [sum_counts(tables, ordered=False)]
+
+    def summed_counts(self) -> pa.Table:
+        """Every count added, summed and sorted (the buckets are let go)."""
+        summed = [sum_counts(self.counts.pop(b), ordered=False) for b in sorted(self.counts)]
+        whole = pa.concat_tables(summed) if summed else COUNTS_SCHEMA.empty_table()
+        return whole.sort_by([(k, "ascending") for k in COUNT_KEYS])
 
 
 class ParquetSink(MemorySink):
