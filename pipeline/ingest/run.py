@@ -209,10 +209,8 @@ def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[list[ChunkResu
 class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
-    def __init__(self, plan: FilePlan, options: IngestOptions, parallel: bool = False) -> None:
+    def __init__(self, plan: FilePlan, options: IngestOptions) -> None:
         self.plan = plan
-        #: finish the pieces in worker processes (``options.workers`` > 1 and many chunks)
-        self.parallel = parallel and options.workers > 1 and len(plan.chunks) > 1
         self.options = options
         #: the file's pieces, in file order (each with its parts)
         self.chunks: list[ChunkResult] = []
@@ -221,12 +219,14 @@ class FileAssembly:
         self.summary = FileSummary(str(plan.path), plan.format or "unknown")
         self.summary.rejects = Rejects(str(plan.path))
 
-    def finish(self, sink: MemorySink) -> FileSummary:
-        """Join, resolve and hand every part of the file to ``sink``; fill the summary."""
+    def finish(self, sink: MemorySink, finishers: int = 0) -> FileSummary:
+        """Join, resolve and hand every part of the file to ``sink``; fill the summary.
+        ``finishers``: processes that finish its pieces (0: this one; a file of one chunk
+        is always finished here)."""
         self._count()
         fmt = formats.get(self.plan.format or "")
         if isinstance(fmt, LogFormat):
-            self._finish_log(sink, fmt)
+            self._finish_log(sink, fmt, finishers if len(self.chunks) > 1 else 0)
         else:
             self._finish_trace(sink)
         self._remember()
@@ -244,28 +244,15 @@ class FileAssembly:
         if self.plan.resume_note != "whole file":
             self.summary.assumptions.append(self.plan.resume_note)
 
-    def _finish_log(self, sink: MemorySink, fmt: LogFormat) -> None:
+    def _finish_log(self, sink: MemorySink, fmt: LogFormat, finishers: int) -> None:
         facts = fmt.file_facts(self.chunks, self.options, self.plan.path.stat().st_mtime)
         self.summary.assumptions.extend(facts.notes)
         used: set[str] = set(self.plan.state.recent_ids)
         jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
-        finishers = self._finishers()
-        # one finisher: the next piece is queued while the parent writes (a second would be
-        # a second piece's working set); several: JOBS_AHEAD each
-        ahead = JOBS_AHEAD * finishers if finishers > 1 else self.options.workers
         with finishing_pool(finishers) as pool:
-            finished = ordered_map(finish_part, jobs, pool, ahead)
+            finished = ordered_map(finish_part, jobs, pool, JOBS_AHEAD * max(1, finishers))
             self._finish_parts(sink, fmt, facts, used, finished)
         self._emit_orphans(sink, used, fmt, facts)
-
-    def _finishers(self) -> int:
-        """Processes that finish the pieces: one per worker, but one when the records carry
-        prompts (a piece's working set is then ~6x its part, and the parent's prefix counts
-        grow: two pushed a 1 GB vLLM log past 1 GB peak), none for a serial run."""
-        if not self.parallel:
-            return 0
-        prompts = any(chunk.longest_prompt for chunk in self.chunks)
-        return 1 if prompts else self.options.workers
 
     def _finish_parts(
         self,
@@ -423,7 +410,10 @@ def _run_plans(
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
         jobs, owners = _jobs(plans, options, incremental, scratch)
-        assemblies = {i: FileAssembly(p, options, parallel=True) for i, p in enumerate(plans)}
+        assemblies = {i: FileAssembly(p, options) for i, p in enumerate(plans)}
+        # while chunks are still parsed, one process finishes a file (beside the parsing
+        # workers' memory); the last file, parsed alone, gets one per worker
+        finishers = (1, options.workers) if options.workers > 1 else (0, 0)
         total = sum(max(0, p.state.size - p.state.offset) for p in plans if p.chunks) or 1
         done, last = 0, len(jobs) - 1
         for n, (owner, pieces) in enumerate(
@@ -436,11 +426,11 @@ def _run_plans(
             if progress is not None:
                 progress(done, total)
             if assembly.done == len(plans[owner].chunks) and n < last:
-                summaries[owner] = assembly.finish(sink)
+                summaries[owner] = assembly.finish(sink, finishers[0])
         # The file of the last chunk is assembled after the loop: the worker processes are
         # gone by then, so their memory is not held while the parent assembles.
         if jobs:
-            summaries[owners[last]] = assemblies[owners[last]].finish(sink)
+            summaries[owners[last]] = assemblies[owners[last]].finish(sink, finishers[1])
     return summaries
 
 

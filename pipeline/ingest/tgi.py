@@ -525,7 +525,6 @@ class TgiChunkParser:
         )
         record["prompt"] = prompt
         record["prompt_truncated"] = cut
-        self.out.longest_prompt = max(self.out.longest_prompt, len(prompt))
         hashes = self._hasher.hashes(prompt)
         record["prefix_hashes"] = hashes[:-1] if cut else hashes
 
