@@ -107,6 +107,11 @@ class ChunkResult:
     head_ids: list[str] = field(default_factory=list)
     #: where this piece's heads and metrics parts were written (``<part>.heads.arrow`` ...)
     part: str = ""
+    #: records of a piece finished where it was parsed (``<part>.records.arrow`` and
+    #: ``<part>.counts.arrow`` instead of heads); ``None``: finished with its file
+    finished_rows: int | None = None
+    #: the latest request ids of a piece finished where it was parsed
+    recent_ids: list[str] = field(default_factory=list)
 
 
 def chunk_meta(result: ChunkResult) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Once every chunk of a file is parsed, each chunk's heads still need the tails of later chunks,
 resolved timestamps, the canonical columns and their window counts. Those steps read only the
 chunk's own part and a few file-wide facts (year base, ``--max-log-len``), so they run in
-parallel; the parent only writes what comes back, in chunk order. At most ``workers`` chunks
-are in flight, so memory stays bounded by the chunk size.
+parallel; the parent only writes what comes back, in chunk order. A few pieces per process
+are in flight (``JOBS_AHEAD`` in :mod:`pipeline.ingest.run`), so memory stays bounded by the
+chunk size.
 """
 
 from __future__ import annotations
@@ -64,10 +65,21 @@ class FinishedPart:
     rows: int = 0
 
 
+def write_table_part(table: pa.Table, path: str) -> None:
+    """An Arrow table as an uncompressed Arrow IPC scratch file."""
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def read_table_part(path: str) -> pa.Table:
+    """A scratch file back as an Arrow table."""
+    with pa.OSFile(path, "rb") as source:  # read whole, not mapped: its pages stay private
+        return pa.ipc.open_file(source).read_all()
+
+
 def read_part(path: str) -> pd.DataFrame:
     """Read a scratch part back (``prefix_hashes`` as lists again)."""
-    with pa.OSFile(path, "rb") as source:  # read whole, not mapped: its pages stay private
-        table = pa.ipc.open_file(source).read_all()
+    table = read_table_part(path)
     if "prefix_hashes" not in table.column_names:
         return table.to_pandas()
     # Arrow's lists straight to Python lists: ~4x faster than through pandas' arrays of objects
@@ -80,7 +92,11 @@ def read_part(path: str) -> pd.DataFrame:
 def finish_part(job: PartJob) -> FinishedPart:
     """Join later tails, resolve timestamps, conform the columns and count windows."""
     pa.default_memory_pool().release_unused()  # the previous chunk's buffers, kept for reuse
-    frame = read_part(job.part)
+    return finish_frame(job, read_part(job.part))
+
+
+def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:
+    """:func:`finish_part` of heads already in memory (``job.part`` is not read)."""
     done = FinishedPart(assemble.apply_tails(frame, job.tails))
     if frame.empty:
         return done

@@ -27,20 +27,24 @@ from pipeline.ingest.detect import detect_format
 from pipeline.ingest.finish import (
     FinishedPart,
     PartJob,
+    finish_frame,
     finish_part,
     finishing_pool,
     ordered_map,
     read_part,
+    read_table_part,
+    write_table_part,
 )
 from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_pieces, plan_chunks
-from pipeline.ingest.sinks import MemorySink, ParquetSink
+from pipeline.ingest.sinks import MemorySink, ParquetSink, records_of, records_table
 from pipeline.ingest.state import FileState, IngestState, identify
 from pipeline.ingest.summary import FileSummary, Rejects
 from pipeline.ingest.traces import counts_frame
 from pipeline.records import records_frame
+from pipeline.windows import empty_counts
 
 Progress = Callable[[int, int], None]
 
@@ -161,18 +165,39 @@ class ChunkJob:
 
 
 def run_chunk(job: ChunkJob) -> list[ChunkResult]:
-    """Parse one chunk and write each piece's heads and metrics as Arrow parts next to
+    """Parse one chunk and write each piece's heads (or, for a format whose pieces stand
+    alone, its finished records and counts) and metrics as Arrow parts next to
     ``job.part_prefix``; return the pieces' light remainders (tails, counters, rejects)."""
     done = []
-    text_ts = isinstance(formats.get(job.spec.format), LogFormat)  # zone/year known later
+    log_format = formats.get(job.spec.format)
+    text_ts = isinstance(log_format, LogFormat)  # zone/year known later
+    alone = isinstance(log_format, LogFormat) and log_format.pieces_stand_alone
     for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
         result.part = f"{job.part_prefix}.{k}"
         heads = heads_frame(result.heads, text_ts, result.head_frames)
-        write_part(heads, f"{result.part}.heads.arrow")
+        if alone:
+            _finish_here(result, heads, cast(LogFormat, log_format), job.options)
+        else:
+            write_part(heads, f"{result.part}.heads.arrow")
+        del heads
         write_part(metrics_frame(result.metrics), f"{result.part}.metrics.arrow")
         result.heads, result.head_frames, result.metrics = [], [], []
         done.append(result)
     return done
+
+
+def _finish_here(
+    result: ChunkResult, heads: pd.DataFrame, log_format: LogFormat, options: IngestOptions
+) -> None:
+    """Finish a piece that stands alone where it was parsed: its records and window counts
+    as parts (the parent only writes them), its row count and latest ids on ``result``."""
+    job = PartJob("", {}, result, 0, log_format.name, FileFacts(), options, options.window, True)
+    done = finish_frame(job, heads)
+    table = done.table if done.table is not None else records_table(records_frame([]))
+    write_table_part(table, f"{result.part}.records.arrow")
+    counts = done.counts if done.counts is not None else empty_counts()
+    write_part(counts, f"{result.part}.counts.arrow")
+    result.finished_rows, result.recent_ids = done.rows, done.recent_ids
 
 
 def write_part(frame: pd.DataFrame, path: str) -> None:
@@ -216,8 +241,33 @@ class FileAssembly:
         self.chunks: list[ChunkResult] = []
         #: planned chunks whose pieces are in
         self.done = 0
+        #: pieces finished where they were parsed whose records are in the sink already
+        self.written = 0
         self.summary = FileSummary(str(plan.path), plan.format or "unknown")
         self.summary.rejects = Rejects(str(plan.path))
+
+    def take(self, pieces: list[ChunkResult], sink: MemorySink) -> None:
+        """One parsed chunk's pieces. Those finished where they were parsed go to ``sink``
+        now: every earlier file is finished by then, so the sink keeps the files' order."""
+        self.chunks.extend(pieces)
+        self.done += 1
+        self._write_finished(sink)
+
+    def _write_finished(self, sink: MemorySink) -> None:
+        """Hand the pieces finished where they were parsed, not written yet, to ``sink``."""
+        while self.written < len(self.chunks):
+            chunk = self.chunks[self.written]
+            if chunk.finished_rows is None:
+                return
+            table = read_table_part(self._part(self.written, "records"))
+            counts = read_part(self._part(self.written, "counts"))
+            if isinstance(sink, ParquetSink):
+                sink.add_records_table(table, counts)
+            elif table.num_rows:
+                sink.add_records(records_of(table), counts)
+            self.summary.records += chunk.finished_rows
+            self.plan.state.recent_ids.extend(chunk.recent_ids)
+            self.written += 1
 
     def finish(self, sink: MemorySink, finishers: int = 0) -> FileSummary:
         """Join, resolve and hand every part of the file to ``sink``; fill the summary.
@@ -248,6 +298,11 @@ class FileAssembly:
         facts = fmt.file_facts(self.chunks, self.options, self.plan.path.stat().st_mtime)
         self.summary.assumptions.extend(facts.notes)
         used: set[str] = set(self.plan.state.recent_ids)
+        if fmt.pieces_stand_alone:  # finished where they were parsed
+            self._write_finished(sink)
+            for i in range(len(self.chunks) if fmt.has_metrics else 0):
+                self._emit_metrics(sink, fmt, facts, i)
+            return
         jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
         with finishing_pool(finishers) as pool:
             finished = ordered_map(finish_part, jobs, pool, JOBS_AHEAD * max(1, finishers))
@@ -420,8 +475,7 @@ def _run_plans(
             zip(owners, _run_jobs(jobs, options.workers), strict=True)
         ):
             assembly = assemblies[owner]
-            assembly.chunks.extend(pieces)
-            assembly.done += 1
+            assembly.take(pieces, sink)
             done += sum(piece.bytes_read for piece in pieces)
             if progress is not None:
                 progress(done, total)

@@ -1,8 +1,9 @@
 """Where finished frames go: kept in memory, or streamed into Parquet files.
 
 Records and metrics arrive one chunk at a time; window counts are additive, so each chunk's
-counts are computed on arrival and summed at the end. A Parquet sink never holds more than
-one chunk's records.
+counts are computed on arrival and summed with those of the same windows (a few buckets of
+windows, see :data:`WINDOW_BUCKETS`). A Parquet sink holds at most two chunks' records: the
+one being written and the next.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ _ARROW = {
     "UInt64": pa.uint64(),
     "Float64": pa.float64(),
     "object": pa.list_(pa.string()),
+}
+#: Arrow types read back as pandas' nullable dtypes (the records' own, see RECORD_DTYPES)
+_NULLABLE = {
+    pa.string(): pd.StringDtype(),
+    pa.bool_(): pd.BooleanDtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.uint64(): pd.UInt64Dtype(),
+    pa.float64(): pd.Float64Dtype(),
 }
 #: chunks' counts are summed every this many chunks (a window spans chunks; sums are exact)
 COMBINE_EVERY = 4
@@ -60,7 +69,14 @@ def _is_list(value: object) -> bool:
 
 def read_records(path: str | Path) -> pd.DataFrame:
     """Read a ``records.parquet`` back as a conformed frame (``prefix_hashes`` as lists)."""
-    frame = pq.read_table(path).to_pandas()
+    return records_of(pq.read_table(path))
+
+
+def records_of(table: pa.Table) -> pd.DataFrame:
+    """A records table (:data:`RECORDS_SCHEMA`) as a conformed frame (hashes as lists);
+    columns with missing values become pandas' nullable types straight from Arrow (a u64
+    seed never passes through float64)."""
+    frame = table.to_pandas(types_mapper=_NULLABLE.get)
     frame["prefix_hashes"] = [list(h) if _is_list(h) else None for h in frame["prefix_hashes"]]
     return conform_records(frame)
 

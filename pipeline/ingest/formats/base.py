@@ -71,6 +71,9 @@ class LogFormat(InputFormat):
 
     #: stats lines become engine-metrics rows (their timestamps resolved like the records')
     has_metrics: bool = False
+    #: a piece's records need nothing from other pieces (no tails, no file-wide facts: its
+    #: times resolve from its own rows), so it is finished in the process that parsed it
+    pieces_stand_alone: bool = False
 
     def starts_record(self, line: str) -> bool:
         """Whether a chunk may start at this decoded line (a multi-line event is never cut)."""

@@ -42,4 +42,4 @@ class TgiTextFormat(LogFormat):
         return arrival_ts(frame)
 
 
-FORMAT = TgiTextFormat("tgi-text", "tgi", rank=20)
+FORMAT = TgiTextFormat("tgi-text", "tgi", rank=20, pieces_stand_alone=True)

@@ -223,3 +223,35 @@ def test_a_50_mb_line_is_skipped_in_bounded_memory_and_nothing_else_is_lost(tmp_
     result = ingest_paths([path], IngestOptions(year=2025))
     assert len(result.records) == 10
     assert result.summary[0].rejects.counts == {"line too long": 1}
+
+
+def test_pieces_finished_where_parsed_equal_those_finished_with_their_file(tmp_path, monkeypatch):
+    """A format whose pieces stand alone (TGI text) is finished in the parsing processes:
+    every output and the summary are those of finishing the pieces with their file."""
+    import dataclasses
+    import json
+
+    import pandas as pd
+
+    from benchmarks.loggen import tgi_lines, write_log
+    from pipeline.ingest import formats, ingest_to_dir
+
+    path = tmp_path / "tgi.log"
+    write_log(path, tgi_lines(seed=3), 2 << 20)
+    with open(path, "ab") as out:
+        out.write(TGI_DEBUG.read_bytes() * 20)
+    options = IngestOptions(chunk_bytes=1 << 18, workers=2)
+    alone = ingest_to_dir([path], tmp_path / "alone", options)
+    tgi = formats.get("tgi-text")
+    assert tgi.pieces_stand_alone
+    registry = formats._registry().formats
+    monkeypatch.setitem(registry, "tgi-text", dataclasses.replace(tgi, pieces_stand_alone=False))
+    with_file = ingest_to_dir([path], tmp_path / "with_file", options)
+    for summary in (alone, with_file):
+        summary.pop("out")
+    assert json.dumps(alone, sort_keys=True) == json.dumps(with_file, sort_keys=True)
+    assert alone["records"] > 3_000 and alone["files"][0]["rejected"] == {}
+    for name in ("records", "counts", "windows", "metrics"):
+        got = pd.read_parquet(tmp_path / "alone" / f"{name}.parquet")
+        want = pd.read_parquet(tmp_path / "with_file" / f"{name}.parquet")
+        pd.testing.assert_frame_equal(got, want, obj=name)
