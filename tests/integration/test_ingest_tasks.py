@@ -14,6 +14,7 @@ from tests.conftest import SHARED_DATA
 pytestmark = pytest.mark.integration
 
 V011 = SHARED_DATA / "logs" / "examples" / "vllm-v0.11.txt"
+TGI_V3 = SHARED_DATA / "logs" / "examples" / "tgi-text-v3.txt"
 OPTIONS = {"year": 2025, "chunk_bytes": 1 << 16}
 
 
@@ -54,3 +55,26 @@ def test_chunks_fan_out_assemble_and_redelivery_is_harmless(
     ).get(timeout=60)
     assert again["cached"] is True
     assert {p: p.stat().st_mtime_ns for p in sorted(folder.glob("*.parquet"))} == before
+
+
+def test_tgi_pieces_finished_by_the_chunk_tasks_assemble_as_ingested_here(
+    celery_worker, celery_app_configured, tmp_path
+):
+    """TGI text pieces stand alone: the chunk tasks finish them, the assembly only writes."""
+    log = tmp_path / "tgi.log"
+    log.write_bytes(TGI_V3.read_bytes() * 200)  # ~500 KB: several 64 KiB chunks
+    data, out = tmp_path / "data", tmp_path / "out"
+    options = {"chunk_bytes": 1 << 16}
+    sent = celery_app_configured.send_task(
+        "prewarm.ingest.file",
+        args=[str(log)],
+        kwargs={"out_dir": str(out), "options": options, "data_dir": str(data)},
+    )
+    plan = sent.get(timeout=60)
+    assert plan["format"] == "tgi-text" and plan["chunks"] >= 5
+    summary = AsyncResult(plan["assemble_id"], app=celery_app_configured).get(timeout=120)
+    assert summary["rejected"] == {} and summary["records"] == 1800
+    records = read_records(out / "records.parquet").sort_values("ts", kind="stable")
+    expected = ingest_paths([log], IngestOptions()).records
+    pd.testing.assert_frame_equal(records.reset_index(drop=True), expected)
+    assert list(part_dir(data, plan["identity"]).glob("*.records.arrow"))  # finished there
