@@ -18,20 +18,26 @@ TGI_V3 = SHARED_DATA / "logs" / "examples" / "tgi-text-v3.txt"
 OPTIONS = {"year": 2025, "chunk_bytes": 1 << 16}
 
 
+def _through_worker(app, log, options, tmp_path):
+    """``prewarm.ingest.file`` on a real worker: its plan and its assembly's summary."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    sent = app.send_task(
+        "prewarm.ingest.file",
+        args=[str(log)],
+        kwargs={"out_dir": str(out), "options": options, "data_dir": str(data)},
+    )
+    plan = sent.get(timeout=60)
+    return plan, AsyncResult(plan["assemble_id"], app=app).get(timeout=120)
+
+
 def test_chunks_fan_out_assemble_and_redelivery_is_harmless(
     celery_worker, celery_app_configured, tmp_path
 ):
     log = tmp_path / "big.log"
     log.write_bytes(V011.read_bytes() * 120)  # ~750 KB: a dozen 64 KiB chunks
     data, out = tmp_path / "data", tmp_path / "out"
-    sent = celery_app_configured.send_task(
-        "prewarm.ingest.file",
-        args=[str(log)],
-        kwargs={"out_dir": str(out), "options": OPTIONS, "data_dir": str(data)},
-    )
-    plan = sent.get(timeout=60)
+    plan, summary = _through_worker(celery_app_configured, log, OPTIONS, tmp_path)
     assert plan["format"] == "vllm" and plan["chunks"] >= 10
-    summary = AsyncResult(plan["assemble_id"], app=celery_app_configured).get(timeout=120)
     assert summary["rejected"] == {} and summary["records"] == 600
 
     records = read_records(out / "records.parquet")
@@ -64,15 +70,8 @@ def test_tgi_pieces_finished_by_the_chunk_tasks_assemble_as_ingested_here(
     log = tmp_path / "tgi.log"
     log.write_bytes(TGI_V3.read_bytes() * 200)  # ~500 KB: several 64 KiB chunks
     data, out = tmp_path / "data", tmp_path / "out"
-    options = {"chunk_bytes": 1 << 16}
-    sent = celery_app_configured.send_task(
-        "prewarm.ingest.file",
-        args=[str(log)],
-        kwargs={"out_dir": str(out), "options": options, "data_dir": str(data)},
-    )
-    plan = sent.get(timeout=60)
+    plan, summary = _through_worker(celery_app_configured, log, {"chunk_bytes": 1 << 16}, tmp_path)
     assert plan["format"] == "tgi-text" and plan["chunks"] >= 5
-    summary = AsyncResult(plan["assemble_id"], app=celery_app_configured).get(timeout=120)
     assert summary["rejected"] == {} and summary["records"] == 1800
     records = read_records(out / "records.parquet").sort_values("ts", kind="stable")
     expected = ingest_paths([log], IngestOptions()).records
