@@ -109,9 +109,7 @@ def windows_result(
     rare = counts[totals < min_item_requests]
     if frequent.empty:
         return rare.reset_index(drop=True)
-    features = window_features(frequent, window=window)
-    whole = [c for c in features.columns if c not in rare.columns and features[c].dtype == "int64"]
-    features[whole] = features[whole].astype("Int64")  # rare rows have none: stay integers
+    features = _nullable_features(window_features(frequent, window=window))
     if rare.empty:
         return features
     return pd.concat([features, rare], ignore_index=True)
@@ -141,11 +139,8 @@ def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
     rows, writer = 0, None
     try:
         for batch in _item_batches(frequent, FEATURE_BATCH_ROWS):
-            features = window_features(counts_frame_of(batch), window=options.window, whole=whole)
-            # rare rows have no features: the integer ones are nullable integers
-            ints = [c for c in features.columns if c not in COUNTS_SCHEMA.names]
-            ints = [c for c in ints if features[c].dtype == "int64"]
-            features[ints] = features[ints].astype("Int64")
+            frame = window_features(counts_frame_of(batch), window=options.window, whole=whole)
+            features = _nullable_features(frame)
             table = pa.Table.from_pandas(features, preserve_index=False)
             del features
             if writer is None:
@@ -159,6 +154,14 @@ def write_windows(counts: pa.Table, path: Path, options: IngestOptions) -> int:
         if writer is not None:
             writer.close()
     return rows + rare.num_rows
+
+
+def _nullable_features(features: pd.DataFrame) -> pd.DataFrame:
+    """``features`` with its integer feature columns nullable: rare items' rows have none."""
+    ints = [c for c in features.columns if c not in COUNTS_SCHEMA.names]
+    ints = [c for c in ints if features[c].dtype == "int64"]
+    features[ints] = features[ints].astype("Int64")
+    return features
 
 
 def _item_starts(counts: pa.Table) -> np.ndarray:
