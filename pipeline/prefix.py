@@ -80,19 +80,19 @@ def block_hashes(prompt: str, block_size: int = DEFAULT_BLOCK_SIZE) -> list[str]
 class BlockCursor:
     """Whole blocks of a prompt, read one block per regex match.
 
-    One pattern matches ``block_size`` pseudo-tokens at once; each part of a token is
-    possessive, so it matches exactly what :data:`_PSEUDO_TOKEN` matches at that position (no
-    backtracking into a token to make a block fit), and the match fails where fewer tokens
-    remain. That reads a prompt without a string per token (about 1.5x faster than ``findall``
-    + join). A token's trailing white space is its own, so only a prompt's first token can
-    start with white space (the leading ``\\s*+``), and a token of white space alone is a
-    whole prompt of white space (a block only when blocks are one token). Written this way
-    rather than as :data:`_PSEUDO_TOKEN` in an atomic group: about 25% faster.
+    One pattern matches ``block_size`` pseudo-tokens at once; each token is an atomic group
+    whose greedy parts take the whole run, so it matches exactly what :data:`_PSEUDO_TOKEN`
+    matches at that position (no backtracking into a token to make a block fit), and the
+    match fails where fewer tokens remain. That reads a prompt without a string per token
+    (about 1.5x faster than ``findall`` + join). A token's trailing white space is its own, so
+    only a prompt's first token can start with white space (the leading ``\\s*+``), and a
+    token of white space alone is a whole prompt of white space (a block only when blocks are
+    one token). One atomic group per token is about 30% faster than possessive parts.
     """
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         blank = r"|\s++" if block_size == 1 else ""
-        block = rf"\s*+(?:(?:\w++|[^\w\s]++)\s*+){{{block_size}}}{blank}"
+        block = rf"\s*+(?>(?:\w+|[^\w\s]+)\s*){{{block_size}}}{blank}"
         self.block = re.compile(block, re.UNICODE)
 
     def blocks(
@@ -100,18 +100,23 @@ class BlockCursor:
     ) -> tuple[list[int], list[str]]:
         """Ends and chain hashes of the whole blocks of ``prompt``; ``ends``/``hashes`` are
         those of its first blocks when already known (the chain continues from the last)."""
-        all_ends, all_hashes = list(ends), list(hashes)
-        pos = all_ends[-1] if all_ends else 0
-        previous = all_hashes[-1].encode() if all_hashes else b""
+        return self.extend(prompt, list(ends), list(hashes))
+
+    def extend(
+        self, prompt: str, ends: list[int], hashes: list[str]
+    ) -> tuple[list[int], list[str]]:
+        """:meth:`blocks`, appending to ``ends`` and ``hashes`` in place."""
+        pos = ends[-1] if ends else 0
+        previous = hashes[-1].encode() if hashes else b""
         match, blake2b = self.block.match, hashlib.blake2b
+        add_end, add_hash = ends.append, hashes.append
         while (found := match(prompt, pos)) is not None:
             end = found.end()
-            digest = blake2b(previous + b"\x00" + prompt[pos:end].encode(), digest_size=8)
-            name = digest.hexdigest()
-            all_ends.append(end)
-            all_hashes.append(name)
+            name = blake2b(previous + b"\x00" + prompt[pos:end].encode(), digest_size=8).hexdigest()
+            add_end(end)
+            add_hash(name)
             previous, pos = name.encode(), end
-        return all_ends, all_hashes
+        return ends, hashes
 
 
 def block_hashes_from_ids(

@@ -17,9 +17,9 @@ from pipeline.prefix import BlockCursor
 
 #: head lengths (characters) remembered, shortest first: a prompt reuses its longest known head
 HEAD_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
-#: heads remembered per length; a full table is dropped (cheap, and traffic is bursty). A
-#: lookup stops at the first unknown length, so a long head known without its short head
-#: (dropped) is only a missed saving, never a wrong hash
+#: heads remembered per length; a full table is dropped (cheap, and traffic is bursty). Any
+#: remembered stem is only compared with, never trusted, so a dropped or replaced head is only
+#: a missed saving, never a wrong hash
 HEADS_PER_LENGTH = 1024
 #: characters of a remembered prompt kept: at most about twice the heads' own text (8064
 #: characters a prompt), so the tables stay within a few tens of MB at worst
@@ -57,38 +57,37 @@ class PrefixHasher:
 
     def hashes(self, prompt: str) -> list[str]:
         """Chain hashes of the whole blocks of ``prompt``."""
-        found, known = self._longest_head(prompt)
-        ends: list[int] = []
-        hashes: list[str] = []
-        if found is not None:
-            stem, stem_ends, stem_hashes = found[1]
-            whole = shared_blocks(prompt, stem, stem_ends, found[0])
-            ends, hashes = stem_ends[:whole], stem_hashes[:whole]
-        ends, hashes = self.cursor.blocks(prompt, ends, hashes)
+        at, found = self._longest_head(prompt)
+        if found is None:
+            ends, hashes = self.cursor.extend(prompt, [], [])
+        else:
+            stem, stem_ends, stem_hashes = found
+            whole = shared_blocks(prompt, stem, stem_ends, HEAD_LENGTHS[at])
+            ends, hashes = self.cursor.extend(prompt, stem_ends[:whole], stem_hashes[:whole])
         if len(prompt) > HEAD_LENGTHS[0]:
-            self._remember(prompt, known, ends, hashes)
+            self._remember(prompt, at, ends, hashes)
         return hashes
 
-    def _longest_head(self, prompt: str) -> tuple[tuple[int, Stem] | None, int]:
-        """The longest remembered head's length and stem (or ``None``); how many head lengths
-        are known (the last of them is replaced by this prompt, the rest added)."""
-        found = None
-        for i, length in enumerate(HEAD_LENGTHS):
-            if len(prompt) <= length:
-                return found, i
+    def _longest_head(self, prompt: str) -> tuple[int, Stem | None]:
+        """The longest remembered head of ``prompt``: the index of its length in
+        :data:`HEAD_LENGTHS` (-1: none) and its stem. Longest first: a prompt that shares a
+        long head is found with one lookup."""
+        at = bisect_left(HEAD_LENGTHS, len(prompt)) - 1  # heads shorter than the prompt
+        while at >= 0:
+            length = HEAD_LENGTHS[at]
             hit = self.heads[length].get(prompt[:length])
-            if hit is None:
-                return found, i
-            found = (length, hit)
-        return found, len(HEAD_LENGTHS)
+            if hit is not None:
+                return at, hit
+            at -= 1
+        return -1, None
 
-    def _remember(self, prompt: str, known: int, ends: list[int], hashes: list[str]) -> None:
+    def _remember(self, prompt: str, at: int, ends: list[int], hashes: list[str]) -> None:
         stem = prompt[:STEM_CHARS]
         whole = bisect_left(ends, len(stem))  # blocks ending before the stem's last character
         entry = (stem, ends[:whole], hashes[:whole])
         # the latest prompt replaces the one its longest known head held (a conversation's
-        # next turn then finds the turn before), and fills the lengths not known yet
-        for length in HEAD_LENGTHS[max(0, known - 1) :]:
+        # next turn then finds the turn before), and fills the longer lengths
+        for length in HEAD_LENGTHS[max(0, at) :]:
             if len(prompt) <= length:
                 break
             table, head = self.heads[length], prompt[:length]

@@ -53,20 +53,51 @@ def python_str_at(text: str, pos: int, end: int | None = None) -> tuple[str | No
     """
     if text.startswith("None", pos, end):
         return None, pos + 4
+    plain = _plain_str_at(text, pos, end)
+    if plain is not None:
+        return plain
     match = PY_STR.match(text, pos, len(text) if end is None else end)
     if match is None:
         return None
     return decode_python_str(match.group()), match.end()
 
 
+def _plain_str_at(text: str, pos: int, end: int | None) -> tuple[str, int] | None:
+    """The usual literal read by ``str.find``: one whose only escapes are ``\\n`` ends at the
+    first quote after its opening one (any other quote would be escaped). ``None`` when the
+    literal has other escapes (or none is at ``pos``): :data:`PY_STR` reads it then."""
+    quote = text[pos : pos + 1]
+    if quote != "'" and quote != '"':
+        return None
+    close = text.find(quote, pos + 1, end)
+    if close < 0:
+        return None
+    decoded = _newlines_decoded(text[pos + 1 : close])
+    return None if decoded is None else (decoded, close + 1)
+
+
+def _newlines_decoded(body: str) -> str | None:
+    """``body`` with its ``\\n`` escapes decoded; ``None`` if it holds any other escape.
+    (A few ``find`` calls: a two-character ``str.replace`` scans ~3x slower.)"""
+    pieces = []
+    start, at = 0, body.find("\\")
+    while at >= 0:
+        if body[at + 1 : at + 2] != "n":
+            return None
+        pieces.append(body[start:at])
+        start = at + 2
+        at = body.find("\\", start)
+    if not pieces:
+        return body
+    pieces.append(body[start:])
+    return "\n".join(pieces)
+
+
 def decode_python_str(literal: str) -> str:
     """Decode one quoted Python string literal (as printed by ``repr``)."""
     body = literal[1:-1]
-    if "\\" not in body:
-        return body
-    if "\\" not in body.replace("\\n", ""):  # only newlines escaped: the usual chat prompt
-        return body.replace("\\n", "\n")
-    return _PY_ESCAPE.sub(_py_escape, body)
+    decoded = _newlines_decoded(body)  # no escapes but newlines: the usual chat prompt
+    return decoded if decoded is not None else _PY_ESCAPE.sub(_py_escape, body)
 
 
 def _py_escape(match: re.Match[str]) -> str:

@@ -20,7 +20,6 @@ from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     python_str_at,
 )
-from pipeline.ingest.vllm_columns import ENVELOPED, line_kinds
 from pipeline.ingest.vllm_fields import (
     endpoint_of,
     sampling_fields,
@@ -85,6 +84,8 @@ BLANK = "blank line"
 CUT_OFF = "cut-off line"
 #: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
 _HASH_CACHE_SIZE = 4096
+#: the longest text after a prompt that is cached (a longer one holds token ids: unique)
+_CACHED_REST_CHARS = 2048
 
 
 def _cut_keyword(msg: str) -> bool:
@@ -117,6 +118,13 @@ def cut_looking(prompt: str, ids: int) -> bool:
     return ids >= 2 * estimate + 4
 
 
+def _settle(record: dict[str, Any], status: str) -> None:
+    """Give a request ``status``: an outcome replaces "received" and "ok", "ok" nothing else
+    (a request that was aborted, failed or rejected stays so)."""
+    if status != "ok" or record.get("status") in (None, "received", "ok"):
+        record["status"] = status
+
+
 def _strip_ansi(line: str) -> str:
     """``line`` without colour codes; only the part up to the last code is rewritten (codes
     colour the envelope, a long message after them is copied once, not scanned again)."""
@@ -129,11 +137,12 @@ class VllmChunkParser:
     """Parse the lines of one chunk of a vLLM log into heads, tails and metrics."""
 
     def __init__(
-        self, result: ChunkResult, block_size: int, instance: str, *, columnar: bool = True
+        self, result: ChunkResult, block_size: int, instance: str, *, fast_path: bool = True
     ) -> None:
         self.out = result
-        #: read the blocks' envelopes column-wise first (False: every line by the Python path)
-        self.columnar = columnar
+        #: read the usual envelopes once per distinct text (False: every line by the per-line
+        #: path, the reference)
+        self.fast_path = fast_path
         self.block_size = block_size
         self.instance = instance
         self.requests: dict[str, dict[str, Any]] = {}
@@ -145,32 +154,49 @@ class VllmChunkParser:
         self._hasher = PrefixHasher(block_size)
         # requests of one client share their sampling parameters: parse each text once
         self._params_cache: dict[str, dict[str, Any]] = {}
+        #: what follows a request line's prompt, read, by its text
+        self._rest_cache: dict[str, dict[str, Any]] = {}
+        #: envelopes by their text (a second's lines of one logger share one)
+        self._envelopes: dict[str, tuple[str, str] | tuple[()]] = {}
 
     # --- the line loop ---------------------------------------------------------------------
 
     def feed(self, first_line: int, lines: Sequence[str]) -> None:
-        """Parse a block of lines numbered from ``first_line``: envelopes read column-wise
-        (:mod:`pipeline.ingest.vllm_columns`), every other line by :meth:`_line`."""
-        if not self.columnar:
+        """Parse a block of lines numbered from ``first_line``: the usual envelope is read once
+        per distinct text (:meth:`_known_envelope`), every other line by :meth:`_line`."""
+        if not self.fast_path:
             for line_no, line in enumerate(lines, first_line):
                 self._line(line, line_no)
             return
-        found = line_kinds(lines)
-        kinds, message_at, stamps = found.kinds.tolist(), found.message_at, found.ts
-        for i, line in enumerate(lines):
-            line_no = first_line + i
-            if kinds[i] != ENVELOPED:
-                self._line(line, line_no)
-                continue
-            msg = line[message_at[i] :]
-            if "\x1b" in msg:  # a code after the envelope: the per-line path strips them
+        envelopes = self._envelopes
+        for line_no, line in enumerate(lines, first_line):
+            cut = line.find("] ") + 2
+            found = envelopes.get(head := line[:cut]) if cut > 1 else ()
+            if found is None:
+                found = self._known_envelope(head)
+            if not found or line.find("\x1b", cut) >= 0:  # a code after it: the per-line path
                 self._line(line, line_no)
                 continue
             self.line_no = line_no
-            self._enveloped(msg[:-1] if msg.endswith("\r") else msg, "INFO", stamps[i], line_no)
+            msg = line[cut:]
+            self._enveloped(msg[:-1] if msg.endswith("\r") else msg, found[0], found[1], line_no)
+
+    def _known_envelope(self, head: str) -> tuple[str, str] | tuple[()]:
+        """Level and time of a line whose text up to its first ``"] "`` is ``head``, when the
+        per-line path reads exactly ``head`` as its envelope (empty otherwise: that path reads
+        the line). The envelope ends at the first ``]`` after the time (no part of it after the
+        time holds one), so every line with this head has this envelope."""
+        match = _FAST_LINE.match(head) if head else None
+        found: tuple[str, str] | tuple[()] = ()
+        if match is not None and match.end() == len(head) and match.group(2) is not None:
+            found = (match.group(1), match.group(2))
+        if len(self._envelopes) >= _HASH_CACHE_SIZE:
+            self._envelopes.clear()
+        self._envelopes[head] = found
+        return found
 
     def _line(self, line: str, line_no: int) -> None:
-        """One line by the per-line path (the reference for the column-wise one)."""
+        """One line by the per-line path (the reference for the fast path of :meth:`feed`)."""
         self.line_no = line_no
         match = _FAST_LINE.match(line)
         if match is not None and line.find("\x1b", match.end()) < 0:
@@ -299,13 +325,8 @@ class VllmChunkParser:
         base = ENGINE_SUFFIX.sub("", request_id)
         return base if base in self.requests else request_id
 
-    def _touch(self, request_id: str, ts: str, line_no: int) -> None:
-        self._record(request_id, ts, line_no)
-
     def _set_status(self, request_id: str, status: str, ts: str, line_no: int) -> None:
-        record = self._record(request_id, ts, line_no)
-        if record.get("status") in (None, "received", "ok") or status != "ok":
-            record["status"] = status
+        _settle(self._record(request_id, ts, line_no), status)
 
     def _received(self, msg: str, ts: str, line_no: int) -> None:
         colon = msg.find(": ", 17)
@@ -321,14 +342,17 @@ class VllmChunkParser:
                 f"malformed Received request line: {type(exc).__name__}", line_no, msg
             )
             return
-        earlier = self.requests.get(request_id)
-        if earlier is not None and (earlier["_head"] or earlier.get("status") is not None):
+        record = self.requests.get(request_id)
+        if record is not None and (record["_head"] or record.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
             # the new one. An outcome seen before it belongs to an earlier request (a tail);
             # a DEBUG details line printed just before it belongs to this one.
             self.requests[f"{request_id}\x00{line_no}"] = self.requests.pop(request_id)
-        record = self._record(request_id, ts, line_no)
-        record.update(ts=ts, _line=line_no, _head=True)
+            record = None
+        if record is None:
+            record = {"request_id": request_id, "status": "received"}
+            self.requests[request_id] = record
+        record["ts"], record["_line"], record["_head"] = ts, line_no, True
         record.setdefault("status", "received")
         record["endpoint"] = endpoint_of(request_id)
         ids = fields.pop("_ids", None)
@@ -338,34 +362,51 @@ class VllmChunkParser:
         self._set_ids(record, ids)
 
     def _received_fields(self, record: dict[str, Any], msg: str, start: int, end: int) -> None:
-        """Fields of ``msg[start:end]``, read in place (a line is a few kB: no copies of it);
-        raises ``ValueError`` unless the line is whole (a cut line ends inside a value)."""
-        tail: dict[str, str] = {}
-        for key in _TAIL_KEYS:
-            cut = msg.rfind(key, start, end)
-            if cut >= 0:
-                tail[key[2:-2]] = msg[cut + len(key) : end]
-                end = cut
-        if not tail or not all(map(_whole_value, tail.values())):
-            raise ValueError("no whole lora_request / prompt_token_ids part")
+        """Fields of ``msg[start:end]``; raises ``ValueError`` unless the line is whole (a cut
+        line ends inside a value). The prompt comes first and is read first; what follows it
+        (parameters, token ids, adapter) is read once per distinct text: clients repeat theirs.
+        """
         if msg.startswith("prompt: ", start, end):
             found = python_str_at(msg, start + 8, end)
             if found is None:
                 raise ValueError("prompt is not a string literal")
             record["prompt"], start = found
-        params = _PARAMS.search(msg, start, end)
+        rest = msg[start:end]
+        fields = self._rest_cache.get(rest)
+        if fields is None:
+            fields = self._after_prompt(rest)
+            if len(rest) <= _CACHED_REST_CHARS:
+                if len(self._rest_cache) >= _HASH_CACHE_SIZE:
+                    self._rest_cache.clear()
+                self._rest_cache[rest] = fields
+        record.update(fields)
+
+    def _after_prompt(self, rest: str) -> dict[str, Any]:
+        """The fields of what follows a ``Received request`` line's prompt (or its id, when it
+        has none): the tail keys are found from the right (a value never holds them)."""
+        fields: dict[str, Any] = {}
+        start, end = 0, len(rest)
+        tail: dict[str, str] = {}
+        for key in _TAIL_KEYS:
+            cut = rest.rfind(key, start, end)
+            if cut >= 0:
+                tail[key[2:-2]] = rest[cut + len(key) : end]
+                end = cut
+        if not tail or not all(map(_whole_value, tail.values())):
+            raise ValueError("no whole lora_request / prompt_token_ids part")
+        params = _PARAMS.search(rest, start, end)
         if params is None:
             raise ValueError("no params")
-        close = msg.rfind(")", start, end)
+        close = rest.rfind(")", start, end)
         if close < 0:
             raise ValueError("params are not closed")
-        body = msg[params.end() : close]
-        self._sampling(record, params.group("kind"), body)
-        record["_ids"] = tail.get("prompt_token_ids") or tail.get("prompt token ids")
+        self._sampling(fields, params.group("kind"), rest[params.end() : close])
+        fields["_ids"] = tail.get("prompt_token_ids") or tail.get("prompt token ids")
         lora = tail.get("lora_request")
         if lora and lora != "None":
             name = _LORA_NAME.search(lora)
-            record["adapter"] = name.group(1) if name else lora
+            fields["adapter"] = name.group(1) if name else lora
+        return fields
 
     def _set_prompt(self, record: dict[str, Any], prompt: str | None) -> None:
         record["prompt"] = prompt
@@ -453,7 +494,9 @@ class VllmChunkParser:
         if not msg.endswith(".") or len(msg) < 16:
             self.out.rejects.add(CUT_OFF, line_no, msg)
             return
-        self._touch(self._engine_id(msg[14:-1]), ts, line_no)
+        request_id = msg[14:-1]
+        if request_id not in self.requests:  # else known: nothing to add
+            self._record(self._engine_id(request_id), ts, line_no)
 
     def _finished(self, msg: str, ts: str, line_no: int) -> None:
         if not msg.endswith(".") or len(msg) < 19:
@@ -488,7 +531,7 @@ class VllmChunkParser:
         record = self._record(request_id, ts, line_no)
         self._count_output(record, mode, ids)
         if reason in _FINISHED_OK and reason != "abort":
-            self._set_status(record["request_id"], "ok", ts, line_no)
+            _settle(record, "ok")
         return None
 
     def _generated_details(self, msg: str, ts: str, line_no: int) -> None:

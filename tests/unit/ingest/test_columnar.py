@@ -1,4 +1,5 @@
-"""The column-wise readers give, line for line, what the per-line Python path gives."""
+"""The column-wise readers (TGI) and the fast path (vLLM) give, line for line, what the
+per-line Python path gives."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser
 from pipeline.ingest.vllm import VllmChunkParser
-from pipeline.ingest.vllm_columns import OTHER, line_kinds
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"
@@ -70,10 +70,10 @@ VLLM_FILES = sorted(
 VLLM_LINES = [line for path in VLLM_FILES for line in path.read_text().splitlines()]
 
 
-def _vllm(lines: list[str], columnar: bool) -> ChunkResult:
+def _vllm(lines: list[str], fast_path: bool) -> ChunkResult:
     result = ChunkResult("x.log", "vllm")
     result.rejects = Rejects("x.log")
-    parser = VllmChunkParser(result, 4, "x.log", columnar=columnar)
+    parser = VllmChunkParser(result, 4, "x.log", fast_path=fast_path)
     parser.feed(1, lines)
     return parser.finish()
 
@@ -95,16 +95,29 @@ def _same_vllm_result(lines: list[str]) -> None:
     )  # fmt: skip
 
 
-def test_vllm_files_read_column_wise_equal_the_python_path():
+def test_vllm_files_read_by_the_fast_path_equal_the_per_line_path():
     for path in VLLM_FILES:
         _same_vllm_result(path.read_text().splitlines())
     _same_vllm_result(list(islice(vllm_lines(), 4000)))
 
 
-def test_generated_vllm_lines_are_mostly_read_column_wise():
+class _CountingParser(VllmChunkParser):
+    """A parser that counts the lines its fast path leaves to the per-line path."""
+
+    per_line = 0
+
+    def _line(self, line: str, line_no: int) -> None:
+        self.per_line += 1
+        super()._line(line, line_no)
+
+
+def test_generated_vllm_lines_are_mostly_read_by_the_fast_path():
     lines = list(islice(vllm_lines(), 4000))
-    kinds = line_kinds(lines).kinds
-    assert (kinds == OTHER).sum() == sum(' - "POST ' in line for line in lines)  # access
+    result = ChunkResult("x.log", "vllm")
+    result.rejects = Rejects("x.log")
+    parser = _CountingParser(result, 16, "x.log")
+    parser.feed(1, lines)
+    assert parser.per_line == sum(' - "POST ' in line for line in lines)  # access lines
 
 
 #: what lands in a real line, mostly in its envelope: colour codes, a CR, brackets, other
@@ -127,5 +140,5 @@ def vllm_mutants(draw: st.DrawFn) -> str:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(vllm_mutants(), st.sampled_from(VLLM_LINES)), max_size=20))
-def test_vllm_lines_read_column_wise_equal_the_python_path(lines):
+def test_vllm_lines_read_by_the_fast_path_equal_the_per_line_path(lines):
     _same_vllm_result(lines)

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.reprs import (
+    PY_STR,
+    decode_python_str,
     decode_rust_str,
     generate_parameters,
     parse_key_values,
@@ -154,3 +156,15 @@ def test_trace_readers_count_every_bad_row(lines):
                 assert len(rows) + rejects.total == nonblank
             else:  # a CSV header and idle ServeGen windows are skipped, not rejected
                 assert len(rows) + rejects.total <= nonblank
+
+
+@FAST
+@given(st.text(alphabet=st.sampled_from("ab'\"\\nx\n é"), max_size=40), st.integers(0, 3))
+def test_python_literals_read_by_find_are_those_of_the_pattern(text, pos):
+    """The ``str.find`` reading of the usual literal agrees with :data:`PY_STR` on any text,
+    literal or not (quotes, backslashes and ``n`` drawn often)."""
+    match = PY_STR.match(text, pos)
+    want = None if match is None else (decode_python_str(match.group()), match.end())
+    if text.startswith("None", pos):
+        want = (None, pos + 4)
+    assert python_str_at(text, pos) == want
