@@ -15,7 +15,7 @@ from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser
-from pipeline.ingest.vllm import VllmChunkParser
+from pipeline.ingest.vllm import VllmChunkParser, whole_value
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"
@@ -142,3 +142,9 @@ def vllm_mutants(draw: st.DrawFn) -> str:
 @given(st.lists(st.one_of(vllm_mutants(), st.sampled_from(VLLM_LINES)), max_size=20))
 def test_vllm_lines_read_by_the_fast_path_equal_the_per_line_path(lines):
     _same_vllm_result(lines)
+
+
+@given(st.text(alphabet="[]()1, one", min_size=1, max_size=14) | st.just("None"))
+def test_whole_values_read_by_find_agree_with_bracket_counts(value):
+    closed = value.count("[") == value.count("]") and value.count("(") == value.count(")")
+    assert whole_value(value) == (value == "None" or (value.endswith(("]", ")")) and closed))

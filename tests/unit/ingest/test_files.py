@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import shutil
@@ -12,7 +13,7 @@ import pytest
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_paths
 from pipeline.ingest.lines import LineReader
-from pipeline.ingest.parse import plan_chunks
+from pipeline.ingest.parse import ChunkSpec, parse_pieces, plan_chunks
 from pipeline.ingest.summary import Rejects
 from tests.conftest import SHARED_DATA
 
@@ -255,3 +256,18 @@ def test_pieces_finished_where_parsed_equal_those_finished_with_their_file(tmp_p
         got = pd.read_parquet(tmp_path / "alone" / f"{name}.parquet")
         want = pd.read_parquet(tmp_path / "with_file" / f"{name}.parquet")
         pd.testing.assert_frame_equal(got, want, obj=name)
+
+
+def test_a_parse_pauses_the_cycle_collector_and_restores_it():
+    assert gc.isenabled()
+    pieces = parse_pieces(ChunkSpec(str(V011), "vllm", 0, None), IngestOptions())
+    first = next(pieces)
+    assert not gc.isenabled() and first.heads  # paused while the chunk is parsed
+    assert list(pieces) == []
+    assert gc.isenabled()
+    gc.disable()  # a caller's own choice is kept
+    try:
+        list(parse_pieces(ChunkSpec(str(V011), "vllm", 0, None), IngestOptions()))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
