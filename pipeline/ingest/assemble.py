@@ -13,7 +13,7 @@ import pandas as pd
 
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.vllm import ENGINE_SUFFIX
-from pipeline.records import conform_records
+from pipeline.records import arrow_hashes, conform_records, listed_hashes
 
 #: statuses that end a request; a later "ok" never overrides them
 _FINAL = ("aborted", "failed", "rejected", "overloaded")
@@ -48,6 +48,8 @@ def apply_tails(frame: pd.DataFrame, tails: dict[str, dict[str, Any]]) -> set[st
         frame.at[index, "status"] = _status(frame.at[index, "status"], tail.get("status"))
         for column in _TAIL_COPY:
             if tail.get(column) is not None and _missing(frame.at[index, column]):
+                if column == "prefix_hashes":  # Arrow lists take no list in place
+                    listed_hashes(frame)
                 frame.at[index, column] = tail[column]
         delta = tail.get("_delta_tokens")
         if delta is not None and tail.get("output_tokens") is None:
@@ -67,7 +69,9 @@ def finalize_log_records(frame: pd.DataFrame, source: str, options: IngestOption
     """Filled-in options and chains as lists; canonical columns out."""
     frame["source"] = source
     hashes = frame["prefix_hashes"]
-    if hashes.isna().all():  # a log without prompts (TGI text): no per-row pass
+    if arrow_hashes(hashes) is not None:  # Arrow lists: lists or missing already
+        pass
+    elif hashes.isna().all():  # a log without prompts (TGI text): no per-row pass
         frame["prefix_hashes"] = None
     else:
         frame["prefix_hashes"] = [h if isinstance(h, list) else None for h in hashes]

@@ -25,8 +25,10 @@ from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.options import IngestOptions
+from pipeline.ingest.parse import heads_of, metrics_of
 from pipeline.ingest.sinks import records_table
-from pipeline.windows import item_window_counts
+from pipeline.records import listed_hashes
+from pipeline.windows import window_counts_table
 
 #: request ids of a file remembered for the next incremental run (reused-id detection)
 RECENT_IDS = 2000
@@ -55,11 +57,11 @@ class PartJob:
 @dataclass
 class FinishedPart:
     """A chunk's canonical records (a frame, or an Arrow table) and their window counts
-    (``None``: no heads)."""
+    (:func:`~pipeline.windows.window_counts_table`; ``None``: no heads)."""
 
     used: set[str]
     records: pd.DataFrame | None = None
-    counts: pd.DataFrame | None = None
+    counts: pa.Table | None = None
     recent_ids: list[str] = field(default_factory=list)
     table: pa.Table | None = None
     rows: int = 0
@@ -89,10 +91,21 @@ def read_part(path: str) -> pd.DataFrame:
     return frame
 
 
+def read_heads(path: str) -> pd.DataFrame:
+    """A log piece's heads part (:func:`~pipeline.ingest.parse.heads_table`) as a heads
+    frame, its block hashes still in Arrow."""
+    return heads_of(read_table_part(path))
+
+
+def read_metrics(path: str) -> pd.DataFrame:
+    """A log piece's metrics part (:func:`~pipeline.ingest.parse.metrics_table`) as a frame."""
+    return metrics_of(read_table_part(path))
+
+
 def finish_part(job: PartJob) -> FinishedPart:
     """Join later tails, resolve timestamps, conform the columns and count windows."""
     pa.default_memory_pool().release_unused()  # the previous chunk's buffers, kept for reuse
-    return finish_frame(job, read_part(job.part))
+    return finish_frame(job, read_heads(job.part))
 
 
 def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:
@@ -107,11 +120,11 @@ def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:
     del frame  # the heads and the records of a chunk are never both needed past this point
     done.rows = len(records)
     if not records.empty:
-        done.counts = item_window_counts(records, job.window, ordered=False)  # summed later
+        done.counts = window_counts_table(records, job.window, ordered=False)  # summed later
     if job.as_table:
         done.table = records_table(records)
     else:
-        done.records = records
+        done.records = listed_hashes(records)
     return done
 
 

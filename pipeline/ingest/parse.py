@@ -7,6 +7,8 @@ says a record may start (TGI text: an event, so a multi-line message is never sp
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -15,6 +17,7 @@ from typing import cast
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.ingest import formats
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
@@ -23,7 +26,7 @@ from pipeline.ingest.formats import LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
-from pipeline.records import RECORD_DTYPES
+from pipeline.records import HASHES_TYPE, RECORD_DTYPES, hashes_column
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
@@ -111,14 +114,29 @@ def parse_pieces(
         max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
         block_bytes=min(BLOCK_BYTES, options.chunk_bytes),
     )  # fmt: skip
-    piece = _Piece(spec, log_format, options, reader, lines_before=0, bytes_before=0)
-    for first, lines in reader:
-        if piece.full() and log_format.starts_record(lines[0]):
-            yield piece.close(reader.lines - len(lines))
-            before = reader.lines - len(lines)
-            piece = _Piece(spec, log_format, options, reader, before, piece.bytes_end)
-        piece.parser.feed(first, lines)
-    yield piece.close(reader.lines, last=True)
+    with collector_paused():
+        piece = _Piece(spec, log_format, options, reader, lines_before=0, bytes_before=0)
+        for first, lines in reader:
+            if piece.full() and log_format.starts_record(lines[0]):
+                yield piece.close(reader.lines - len(lines))
+                before = reader.lines - len(lines)
+                piece = _Piece(spec, log_format, options, reader, before, piece.bytes_end)
+            piece.parser.feed(first, lines)
+        yield piece.close(reader.lines, last=True)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused: a parse makes a dict per request and a string per
+    line, none of them in a cycle, and the collector's passes over them cost about a tenth of
+    a vLLM log's parse. Anything that does form a cycle is collected once it runs again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Piece:
@@ -214,6 +232,15 @@ _HEAD_DTYPES = {
 }
 
 
+#: a log piece's heads part: every head column, ``ts`` as the log printed it
+HEAD_COLUMNS = (*HEAD_FIELDS, "_ts_minus_s", "source")
+HEADS_SCHEMA = pa.schema(
+    [(c, pa.int64()) if c == "_line" else (c, HASHES_TYPE) if c == "prefix_hashes"
+     else (c, _ARROW_OF["string" if c in ("ts", "source") else _HEAD_DTYPES[c]])
+     for c in HEAD_COLUMNS]
+)  # fmt: skip
+
+
 def heads_frame(
     heads: list[dict[str, object]], text_ts: bool, frames: Sequence[pd.DataFrame] = ()
 ) -> pd.DataFrame:
@@ -223,7 +250,7 @@ def heads_frame(
     Built column by column from the Python values, so a u64-sized seed never passes through
     float64 (which would round it).
     """
-    columns = [*HEAD_FIELDS, "_ts_minus_s", "source"]
+    columns = list(HEAD_COLUMNS)
     # map(dict.get, ...) runs the per-row lookups in C: ~2x a comprehension on 25 columns
     data = {c: list(map(dict.get, heads, repeat(c))) for c in columns}
     frame = pd.DataFrame(
@@ -242,6 +269,55 @@ def heads_frame(
     parts = [frame, *(_head_columns(f, columns) for f in frames)]
     whole = pd.concat([p for p in parts if len(p)] or [frame], ignore_index=True)
     return whole.sort_values("_line", kind="stable", ignore_index=True)
+
+
+def heads_table(heads: list[dict[str, object]], frames: Sequence[pd.DataFrame] = ()) -> pa.Table:
+    """A log piece's heads as an Arrow table (:data:`HEADS_SCHEMA`, ``ts`` as text), built
+    from the parser's values without a DataFrame in between (a third of what
+    :func:`heads_frame` and its conversion cost); :func:`heads_of` reads it back as
+    :func:`heads_frame` would give it, block hashes left in Arrow."""
+    arrays = [_arrow_column(list(map(dict.get, heads, repeat(f.name))), f) for f in HEADS_SCHEMA]
+    table = pa.Table.from_arrays(arrays, schema=HEADS_SCHEMA)
+    if not frames:
+        return table
+    parts = [table]
+    for frame in frames:
+        typed = _head_columns(frame, list(HEAD_COLUMNS))
+        parts.append(pa.Table.from_pandas(typed, schema=HEADS_SCHEMA, preserve_index=False))
+    whole = pa.concat_tables([p for p in parts if p.num_rows] or [table])
+    return whole.take(pc.sort_indices(whole, [("_line", "ascending")]))  # a stable sort
+
+
+def _arrow_column(values: list[object], field: pa.Field) -> pa.Array:
+    """One head column's Python values as Arrow; a value Arrow will not take as that type
+    (a bool among integers ...) goes through pandas' conversion, as :func:`heads_frame`'s."""
+    try:
+        array = pa.array(values, field.type, from_pandas=True)  # NaN -> missing, as pandas
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if field.name == "prefix_hashes":  # chains of hex strings, or a parser's bug
+            raise
+        array = pa.array(_typed(values, _head_dtype(field.name)), field.type)
+    return pc.fill_null(array, 0) if field.name == "_line" else array
+
+
+def heads_of(table: pa.Table) -> pd.DataFrame:
+    """A :func:`heads_table` as a heads frame, in :func:`heads_frame`'s dtypes except
+    ``prefix_hashes``, kept as Arrow lists (:func:`pipeline.records.hashes_column`)."""
+    index = pd.RangeIndex(table.num_rows)
+    columns: dict[str, object] = {}
+    for name in table.column_names:
+        values = table.column(name)
+        if name == "prefix_hashes":
+            columns[name] = hashes_column(values.combine_chunks(), index)
+        elif name == "_line":
+            columns[name] = values.to_numpy()
+        else:
+            columns[name] = arrow_to_pandas(values, _head_dtype(name))
+    return pd.DataFrame(columns, index=index)
+
+
+def _head_dtype(column: str) -> str:
+    return "string" if column in ("ts", "source") else _HEAD_DTYPES[column]
 
 
 def _typed(values: list[object], dtype: str) -> object:
@@ -269,14 +345,45 @@ def _head_columns(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return typed
 
 
-def metrics_frame(rows: list[dict[str, object]]) -> pd.DataFrame:
-    """Metrics rows as a DataFrame (``ts`` still text, ``_line`` kept for year resolution)."""
-    columns = [*METRIC_FIELDS, "_line"]
-    frame = (
-        pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
-    )
-    numeric = [c for c in METRIC_FIELDS if c not in ("ts", "source", "instance")]
-    frame[numeric] = frame[numeric].astype("Float64")
-    frame[["ts", "source", "instance"]] = frame[["ts", "source", "instance"]].astype("string")
-    frame["_line"] = frame["_line"].fillna(0).astype("int64")
-    return frame
+#: a log piece's metrics part: the metrics columns (``ts`` still text) and ``_line`` (for the
+#: year's resolution)
+_METRIC_TEXT = ("ts", "source", "instance")
+METRICS_SCHEMA = pa.schema(
+    [(c, pa.string()) if c in _METRIC_TEXT else (c, pa.float64()) for c in METRIC_FIELDS]
+    + [("_line", pa.int64())]
+)
+
+
+def metrics_table(rows: list[dict[str, object]]) -> pa.Table:
+    """Metrics rows as an Arrow table (:data:`METRICS_SCHEMA`), straight from the parser's
+    values; :func:`metrics_of` reads it back as a frame."""
+    arrays = [_metric_column(list(map(dict.get, rows, repeat(f.name))), f) for f in METRICS_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA)
+
+
+def _metric_column(values: list[object], field: pa.Field) -> pa.Array:
+    """One metrics column as Arrow; values Arrow will not take as that type (an integer past
+    2**53 ...) are cast by pandas, as they always were."""
+    try:
+        array = pa.array(values, field.type, from_pandas=True)  # NaN -> missing, as pandas
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        array = pa.array(pd.Series(values, dtype=object).astype(_metric_dtype(field.name)))
+        array = array.cast(field.type)
+    return pc.fill_null(array, 0) if field.name == "_line" else array
+
+
+def metrics_of(table: pa.Table) -> pd.DataFrame:
+    """A :func:`metrics_table` as a frame: numbers ``Float64``, text ``string``, ``_line``
+    ``int64``."""
+    columns: dict[str, object] = {}
+    for name in table.column_names:
+        values = table.column(name)
+        if name == "_line":
+            columns[name] = values.to_numpy()
+        else:
+            columns[name] = arrow_to_pandas(values, _metric_dtype(name))
+    return pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows))
+
+
+def _metric_dtype(column: str) -> str:
+    return "string" if column in _METRIC_TEXT else "Int64" if column == "_line" else "Float64"

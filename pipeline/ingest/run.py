@@ -31,6 +31,7 @@ from pipeline.ingest.finish import (
     finish_part,
     finishing_pool,
     ordered_map,
+    read_metrics,
     read_part,
     read_table_part,
     write_table_part,
@@ -38,13 +39,20 @@ from pipeline.ingest.finish import (
 from pipeline.ingest.formats import FileFacts, LogFormat
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.parse import ChunkSpec, heads_frame, metrics_frame, parse_pieces, plan_chunks
+from pipeline.ingest.parse import (
+    ChunkSpec,
+    heads_frame,
+    heads_table,
+    metrics_table,
+    parse_pieces,
+    plan_chunks,
+)
 from pipeline.ingest.sinks import MemorySink, ParquetSink, records_of, records_table
 from pipeline.ingest.state import FileState, IngestState, identify
 from pipeline.ingest.summary import FileSummary, Rejects
 from pipeline.ingest.traces import counts_frame
 from pipeline.records import records_frame
-from pipeline.windows import empty_counts
+from pipeline.windows import COUNTS_SCHEMA
 
 Progress = Callable[[int, int], None]
 
@@ -174,16 +182,26 @@ def run_chunk(job: ChunkJob) -> list[ChunkResult]:
     alone = isinstance(log_format, LogFormat) and log_format.pieces_stand_alone
     for k, result in enumerate(parse_pieces(job.spec, job.options, job.partial_tail)):
         result.part = f"{job.part_prefix}.{k}"
-        heads = heads_frame(result.heads, text_ts, result.head_frames)
         if alone:
+            heads = heads_frame(result.heads, text_ts, result.head_frames)
             _finish_here(result, heads, cast(LogFormat, log_format), job.options)
+            del heads
         else:
-            write_part(heads, f"{result.part}.heads.arrow")
-        del heads
-        write_part(metrics_frame(result.metrics), f"{result.part}.metrics.arrow")
+            _write_heads(result, text_ts)
+        write_table_part(metrics_table(result.metrics), f"{result.part}.metrics.arrow")
         result.heads, result.head_frames, result.metrics = [], [], []
         done.append(result)
     return done
+
+
+def _write_heads(result: ChunkResult, text_ts: bool) -> None:
+    """A piece's heads part: a log's straight from the parser's values to Arrow (its ``ts``
+    is text), a trace's through :func:`heads_frame` (which parses its times)."""
+    path = f"{result.part}.heads.arrow"
+    if text_ts:
+        write_table_part(heads_table(result.heads, result.head_frames), path)
+    else:
+        write_part(heads_frame(result.heads, False), path)
 
 
 def _finish_here(
@@ -195,8 +213,8 @@ def _finish_here(
     done = finish_frame(job, heads)
     table = done.table if done.table is not None else records_table(records_frame([]))
     write_table_part(table, f"{result.part}.records.arrow")
-    counts = done.counts if done.counts is not None else empty_counts()
-    write_part(counts, f"{result.part}.counts.arrow")
+    counts = done.counts if done.counts is not None else COUNTS_SCHEMA.empty_table()
+    write_table_part(counts, f"{result.part}.counts.arrow")
     result.finished_rows, result.recent_ids = done.rows, done.recent_ids
 
 
@@ -258,7 +276,7 @@ class FileAssembly:
             if chunk.finished_rows is None:
                 return
             table = read_table_part(self._part(self.written, "records"))
-            counts = read_part(self._part(self.written, "counts"))
+            counts = read_table_part(self._part(self.written, "counts"))
             if isinstance(sink, ParquetSink):
                 sink.add_records_table(table, counts)
             elif table.num_rows:
@@ -357,7 +375,7 @@ class FileAssembly:
         return f"{self.chunks[index].part}.{kind}.arrow"
 
     def _emit_metrics(self, sink: MemorySink, fmt: LogFormat, facts: FileFacts, index: int) -> None:
-        frame = read_part(self._part(index, "metrics"))
+        frame = read_metrics(self._part(index, "metrics"))
         if frame.empty:
             return
         frame["ts"] = fmt.resolve_ts(frame, self.chunks[index], facts, index, self.options)

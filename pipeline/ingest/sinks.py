@@ -16,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, conform_records
-from pipeline.windows import COUNT_DTYPES, empty_counts, item_window_counts
+from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, arrow_hashes, conform_records
+from pipeline.windows import COUNT_DTYPES, COUNTS_SCHEMA, empty_counts, window_counts_table
 
 _ARROW = {
     "datetime64[us, UTC]": pa.timestamp("us", tz="UTC"),
@@ -48,19 +48,26 @@ RECORDS_SCHEMA = pa.schema([(c, _ARROW[t]) for c, t in RECORD_DTYPES.items()])
 
 def records_table(frame: pd.DataFrame) -> pa.Table:
     """A conformed records frame as an Arrow table with the fixed records schema."""
-    hashes = frame["prefix_hashes"]
     arrays = []
     for column in RECORD_COLUMNS:
-        if column == "prefix_hashes" and hashes.isna().all():  # no prompts: no per-row pass
-            arrays.append(pa.nulls(len(frame), pa.list_(pa.string())))
-        elif column == "prefix_hashes":
-            values = [list(map(str, h)) if _is_list(h) else None for h in hashes]
-            arrays.append(pa.array(values, type=pa.list_(pa.string())))
+        if column == "prefix_hashes":
+            arrays.append(_hashes_array(frame["prefix_hashes"]))
         else:
             arrays.append(
                 pa.Array.from_pandas(frame[column], type=RECORDS_SCHEMA.field(column).type)
             )
     return pa.Table.from_arrays(arrays, schema=RECORDS_SCHEMA)
+
+
+def _hashes_array(hashes: pd.Series) -> pa.Array:
+    """``prefix_hashes`` as Arrow lists of strings (already so: as they are)."""
+    held = arrow_hashes(hashes)
+    if held is not None:
+        return held.cast(pa.list_(pa.string()))
+    if hashes.isna().all():  # no prompts: no per-row pass
+        return pa.nulls(len(hashes), pa.list_(pa.string()))
+    values = [list(map(str, h)) if _is_list(h) else None for h in hashes]
+    return pa.array(values, type=pa.list_(pa.string()))
 
 
 def _is_list(value: object) -> bool:
@@ -83,11 +90,6 @@ def records_of(table: pa.Table) -> pd.DataFrame:
 
 COUNT_KEYS = ["item_kind", "item_key", "window_start"]
 COUNT_VALUES = ["requests", "prompt_tokens", "output_tokens"]
-COUNTS_SCHEMA = pa.schema(
-    [("item_kind", pa.string()), ("item_key", pa.string()),
-     ("window_start", pa.timestamp("us", tz="UTC")), ("requests", pa.int64()),
-     ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64())]
-)  # fmt: skip
 
 
 def with_pandas_dtypes(table: pa.Table) -> pa.Table:
@@ -110,7 +112,9 @@ def sum_counts(tables: list[pa.Table], ordered: bool = True) -> pa.Table:
     if not tables:
         return COUNTS_SCHEMA.empty_table()
     grouped = (
-        pa.concat_tables(tables).group_by(COUNT_KEYS).aggregate([(c, "sum") for c in COUNT_VALUES])
+        pa.concat_tables(tables)
+        .group_by(COUNT_KEYS, use_threads=False)  # threads cost more CPU than they save here
+        .aggregate([(c, "sum") for c in COUNT_VALUES])
     )
     grouped = grouped.rename_columns([n.removesuffix("_sum") for n in grouped.column_names])
     summed = grouped.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
@@ -140,12 +144,17 @@ class MemorySink:
         self.counts: dict[int, list[pa.Table]] = {}
         self._step_us = max(1, pd.Timedelta(window).value // 1000)
 
-    def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
-        """One finished chunk of records (canonical columns), with its window counts when
-        already computed."""
+    def add_records(self, frame: pd.DataFrame, counts: pa.Table | None = None) -> None:
+        """One finished chunk of records (canonical columns), with its window counts
+        (:func:`~pipeline.windows.window_counts_table`) when already computed."""
         if not frame.empty:
             self.records.append(frame)
-            self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
+            self._add_counts_of(frame, counts)
+
+    def _add_counts_of(self, frame: pd.DataFrame, counts: pa.Table | None) -> None:
+        if counts is None:
+            counts = window_counts_table(frame, self.window, ordered=False)
+        self.add_counts_table(counts)
 
     def add_metrics(self, frame: pd.DataFrame) -> None:
         """One finished chunk of engine metrics."""
@@ -154,9 +163,13 @@ class MemorySink:
 
     def add_counts(self, frame: pd.DataFrame) -> None:
         """Counts of one chunk (or counts that come as such: ServeGen series)."""
-        if frame.empty:
+        if not frame.empty:
+            self.add_counts_table(counts_table(frame))
+
+    def add_counts_table(self, table: pa.Table) -> None:
+        """Counts of one chunk as an Arrow table (:data:`COUNTS_SCHEMA`)."""
+        if table.num_rows == 0:
             return
-        table = counts_table(frame)
         starts = table.column("window_start").cast(pa.int64()).to_numpy()
         buckets = starts // self._step_us % WINDOW_BUCKETS
         for bucket in np.unique(buckets).tolist():
@@ -188,19 +201,20 @@ class ParquetSink(MemorySink):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
         self._writing: Future[None] | None = None
 
-    def add_records(self, frame: pd.DataFrame, counts: pd.DataFrame | None = None) -> None:
+    def add_records(self, frame: pd.DataFrame, counts: pa.Table | None = None) -> None:
         """Write one chunk of records and keep its window counts (given, or computed)."""
         if frame.empty:
             return
         self._write(records_table(frame))
-        self.add_counts(item_window_counts(frame, self.window) if counts is None else counts)
+        self._add_counts_of(frame, counts)
 
-    def add_records_table(self, table: pa.Table, counts: pd.DataFrame) -> None:
-        """Write one chunk of records already converted by :func:`records_table`."""
+    def add_records_table(self, table: pa.Table, counts: pa.Table) -> None:
+        """Write one chunk of records already converted by :func:`records_table`, with its
+        window counts."""
         if table.num_rows == 0:
             return
         self._write(table)
-        self.add_counts(counts)
+        self.add_counts_table(counts)
 
     def _write(self, table: pa.Table) -> None:
         self._wait()

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.ingest.assemble import finalize_log_records
 from pipeline.ingest.chunk import ChunkResult
@@ -24,6 +26,7 @@ from pipeline.ingest.formats.base import ChunkParser, FileFacts, LogFormat
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.vllm import VllmChunkParser
 from pipeline.ingest.vllm_fields import endpoint_of
+from pipeline.records import arrow_hashes, hashes_column
 
 _LINE = re.compile(
     r"(?:\([^()]+? pid=\d+\) )?.{0,64}?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
@@ -115,13 +118,33 @@ def mark_truncation(frame: pd.DataFrame, cap: int | None) -> None:
     frame["prompt_truncated"] = truncated.where(has_prompt, pd.NA).astype("boolean")
     if cap:
         ids_len = ids_len.where(ids_len < cap)
-        cut = truncated.fillna(False).to_numpy(dtype=bool)
-        frame.loc[cut, "prefix_hashes"] = frame.loc[cut, "prefix_hashes"].map(_drop_last)
+        _drop_last_blocks(frame, truncated.fillna(False).to_numpy(dtype=bool))
     frame["prompt_tokens"] = ids_len
+
+
+def _drop_last_blocks(frame: pd.DataFrame, cut: np.ndarray) -> None:
+    """The chains of the ``cut`` rows lose their last block."""
+    held = arrow_hashes(frame["prefix_hashes"])
+    if held is None:
+        frame.loc[cut, "prefix_hashes"] = frame.loc[cut, "prefix_hashes"].map(_drop_last)
+    elif cut.any():
+        frame["prefix_hashes"] = hashes_column(_without_last(held, cut), frame.index)
 
 
 def _drop_last(hashes: Any) -> Any:
     return list(hashes)[:-1] if isinstance(hashes, list | tuple | np.ndarray) else hashes
+
+
+def _without_last(hashes: pa.ListArray, cut: np.ndarray) -> pa.ListArray:
+    """:func:`_drop_last` of the ``cut`` rows' lists, in Arrow (missing and empty lists stay
+    so)."""
+    lengths = pc.fill_null(pc.list_value_length(hashes), 0).to_numpy().astype(np.int64)
+    drop = cut & (lengths > 0)
+    keep = np.ones(int(lengths.sum()), dtype=bool)
+    keep[np.cumsum(lengths)[drop] - 1] = False
+    offsets = np.concatenate(([0], np.cumsum(lengths - drop))).astype(np.int32)
+    values = pc.list_flatten(hashes).filter(pa.array(keep))
+    return pa.ListArray.from_arrays(pa.array(offsets), values, mask=hashes.is_null())
 
 
 @dataclass(frozen=True)
