@@ -6,6 +6,8 @@ its module of :mod:`pipeline.ingest.formats`.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,50 @@ def apply_tails(frame: pd.DataFrame, tails: dict[str, dict[str, Any]]) -> set[st
             before = frame.at[index, "output_tokens"]
             frame.at[index, "output_tokens"] = delta + (0 if _missing(before) else before)
     return used
+
+
+#: a tail in flight: its piece, its place there, its request id, what it says
+_Tail = tuple[int, int, str, dict[str, Any]]
+
+
+def later_tails(
+    tails: Sequence[dict[str, dict[str, Any]]], head_ids: Sequence[Sequence[str]]
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """For each piece, in order, what later pieces said of requests that may have their head
+    in it (``tails`` and ``head_ids``: each piece's). A tail belongs to the latest head with
+    its id before it, so a later piece's tail is skipped once a piece in between holds a head
+    or a tail with that id (an id reused by the client, or a log that repeats itself).
+
+    One pass over the pieces finds, for every tail, the last piece before it that names its
+    id: the tail reaches back to that piece and no further. Then each piece's tails are those
+    in reach, in piece order: linear in the pieces, not quadratic."""
+    starts: defaultdict[int, list[_Tail]] = defaultdict(list)
+    wanted = {_base(key) for piece in tails for key in piece}
+    named: dict[str, int] = {}  # the last piece that named an id some tail has
+    for j, piece in enumerate(tails):
+        seen: set[str] = set()
+        for order, (key, tail) in enumerate(piece.items()):
+            base = _base(key)
+            if base in seen:  # (an outcome seen before its id was reused: the first counts)
+                continue
+            seen.add(base)
+            start = named.get(base, 0)
+            if start < j:
+                starts[start].append((j, order, base, tail))
+        named.update(dict.fromkeys(seen, j))
+        named.update((i, j) for i in head_ids[j] if i in wanted)
+    reach: list[_Tail] = []
+    for i in range(len(tails)):
+        reach = sorted([t for t in reach if t[0] > i] + starts.pop(i, []), key=_piece_order)
+        yield {base: tail for _, _, base, tail in reach}
+
+
+def _base(key: str) -> str:
+    return key.split("\x00", 1)[0]
+
+
+def _piece_order(tail: _Tail) -> tuple[int, int]:
+    return tail[0], tail[1]
 
 
 def _missing(value: Any) -> bool:

@@ -52,6 +52,8 @@ class PartJob:
     #: hand the records back as an Arrow table (for a Parquet sink): converted here, in
     #: parallel, and cheaper to send than a frame of Python lists
     as_table: bool = False
+    #: the piece's metrics part, finished here too (None: the format has none)
+    metrics_part: str | None = None
 
 
 @dataclass
@@ -65,6 +67,8 @@ class FinishedPart:
     recent_ids: list[str] = field(default_factory=list)
     table: pa.Table | None = None
     rows: int = 0
+    #: the piece's engine metrics, times resolved (``None``: not asked for)
+    metrics: pd.DataFrame | None = None
 
 
 def write_table_part(table: pa.Table, path: str) -> None:
@@ -105,7 +109,29 @@ def read_metrics(path: str) -> pd.DataFrame:
 def finish_part(job: PartJob) -> FinishedPart:
     """Join later tails, resolve timestamps, conform the columns and count windows."""
     pa.default_memory_pool().release_unused()  # the previous chunk's buffers, kept for reuse
-    return finish_frame(job, read_heads(job.part))
+    done = finish_frame(job, read_heads(job.part))
+    if job.metrics_part is not None:
+        log_format = cast(LogFormat, formats.get(job.format))
+        done.metrics = finished_metrics(
+            job.metrics_part, log_format, job.chunk, job.facts, job.index, job.options
+        )
+    return done
+
+
+def finished_metrics(
+    path: str,
+    log_format: LogFormat,
+    chunk: ChunkResult,
+    facts: FileFacts,
+    index: int,
+    options: IngestOptions,
+) -> pd.DataFrame:
+    """A piece's metrics part with its times resolved, ready for a sink."""
+    frame = read_metrics(path)
+    if frame.empty:
+        return frame.drop(columns=["_line"])
+    frame["ts"] = log_format.resolve_ts(frame, chunk, facts, index, options)
+    return frame.drop(columns=["_line"])
 
 
 def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:

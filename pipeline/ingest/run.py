@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pandas as pd
 import pyarrow as pa
@@ -29,9 +29,9 @@ from pipeline.ingest.finish import (
     PartJob,
     finish_frame,
     finish_part,
+    finished_metrics,
     finishing_pool,
     ordered_map,
-    read_metrics,
     read_part,
     read_table_part,
     write_table_part,
@@ -322,18 +322,13 @@ class FileAssembly:
         jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
         with finishing_pool(finishers) as pool:
             finished = ordered_map(finish_part, jobs, pool, JOBS_AHEAD * max(1, finishers))
-            self._finish_parts(sink, fmt, facts, used, finished)
+            self._finish_parts(sink, used, finished)
         self._emit_orphans(sink, used, fmt, facts)
 
     def _finish_parts(
-        self,
-        sink: MemorySink,
-        fmt: LogFormat,
-        facts: FileFacts,
-        used: set[str],
-        finished: Iterator[FinishedPart],
+        self, sink: MemorySink, used: set[str], finished: Iterator[FinishedPart]
     ) -> None:
-        for i, done in enumerate(finished):
+        for done in finished:
             used |= done.used
             self.plan.state.recent_ids.extend(done.recent_ids)
             self.summary.records += done.rows
@@ -341,8 +336,8 @@ class FileAssembly:
                 cast(ParquetSink, sink).add_records_table(done.table, done.counts)
             elif done.records is not None:
                 sink.add_records(done.records, done.counts)
-            if fmt.has_metrics:
-                self._emit_metrics(sink, fmt, facts, i)
+            if done.metrics is not None:
+                self._add_metrics(sink, done.metrics)
             del done
             # Arrow's allocator keeps freed chunk buffers for reuse: ~100 MB per chunk in flight
             pa.default_memory_pool().release_unused()
@@ -351,36 +346,28 @@ class FileAssembly:
         self, fmt: LogFormat, facts: FileFacts, window: str, as_table: bool
     ) -> Iterator[PartJob]:
         """One job per piece, made when submitted (each carries the tails of later pieces)."""
-        for i, chunk in enumerate(self.chunks):
-            later = self._tails_after(i)
-            part = self._part(i, "heads")
-            yield PartJob(part, later, chunk, i, fmt.name, facts, self.options, window, as_table)
-
-    def _tails_after(self, index: int) -> dict[str, dict[str, Any]]:
-        """What later pieces said of requests that may have their head in piece ``index``:
-        a tail belongs to the latest head with its id before it, so a later piece's tail is
-        skipped once a piece in between holds a head with that id (an id reused by the
-        client, or a log that repeats itself)."""
-        later: dict[str, dict[str, Any]] = {}
-        claimed: set[str] = set()
-        for piece in self.chunks[index + 1 :]:
-            for key, tail in piece.tails.items():
-                base = key.split("\x00", 1)[0]  # an outcome seen before the id was reused
-                if base not in claimed and base not in later:
-                    later[base] = tail
-            claimed.update(piece.head_ids)
-        return later
+        laters = assemble.later_tails(
+            [chunk.tails for chunk in self.chunks], [chunk.head_ids for chunk in self.chunks]
+        )
+        for i, (chunk, later) in enumerate(zip(self.chunks, laters, strict=True)):
+            part, metrics = self._part(i, "heads"), self._part(i, "metrics")
+            yield PartJob(
+                part, later, chunk, i, fmt.name, facts, self.options, window, as_table,
+                metrics if fmt.has_metrics else None,
+            )  # fmt: skip
 
     def _part(self, index: int, kind: str) -> str:
         return f"{self.chunks[index].part}.{kind}.arrow"
 
     def _emit_metrics(self, sink: MemorySink, fmt: LogFormat, facts: FileFacts, index: int) -> None:
-        frame = read_metrics(self._part(index, "metrics"))
-        if frame.empty:
-            return
-        frame["ts"] = fmt.resolve_ts(frame, self.chunks[index], facts, index, self.options)
-        self.summary.metrics += len(frame)
-        sink.add_metrics(frame.drop(columns=["_line"]))
+        path = self._part(index, "metrics")
+        chunk = self.chunks[index]
+        self._add_metrics(sink, finished_metrics(path, fmt, chunk, facts, index, self.options))
+
+    def _add_metrics(self, sink: MemorySink, frame: pd.DataFrame) -> None:
+        if not frame.empty:
+            self.summary.metrics += len(frame)
+            sink.add_metrics(frame)
 
     def _emit_orphans(
         self, sink: MemorySink, used: set[str], fmt: LogFormat, facts: FileFacts

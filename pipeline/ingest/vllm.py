@@ -76,6 +76,8 @@ _DATA_KEYWORDS = (
 )  # fmt: skip
 #: request-logger lines of ``/tokenize`` and ``/detokenize`` calls (vLLM 0.32 logs their
 #: prompt as it logs a completion's): no request was served, no cache block was used
+#: what follows ``Request <id> `` on the lines that carry data
+_REQUEST_KEYWORDS = ("details: prompt: ", "aborted", "failed")
 _TOKENIZER_LINES = (
     "Received request tokenize-", "Request tokenize-",
     "Received request detokenize-", "Request detokenize-",
@@ -92,6 +94,12 @@ def _cut_keyword(msg: str) -> bool:
     """A message that stops inside a data message's first words (or an empty one: nothing
     after the envelope) is a line cut short."""
     return any(len(msg) < len(key) and key.startswith(msg) for key in _DATA_KEYWORDS)
+
+
+def _cut_request_keyword(rest: str) -> bool:
+    """What follows a ``Request <id>`` stops inside the words that start its outcome or its
+    details (nothing at all included): a line cut short."""
+    return any(len(rest) < len(key) and key.startswith(rest) for key in _REQUEST_KEYWORDS)
 
 
 def whole_value(value: str) -> bool:
@@ -454,9 +462,9 @@ class VllmChunkParser:
         """``Request <id> details: ...`` (DEBUG prompt) and ``Request <id> aborted./failed``."""
         space = msg.find(" ", 8)
         request_id, rest = msg[8:space], msg[space + 1 :]
-        known = space >= 0 and rest.startswith(("details: prompt: ", "aborted", "failed"))
-        if known and not msg.endswith("."):  # these end with "." (FORMATS.md 1.6)
-            self.out.rejects.add(CUT_OFF, line_no, msg)
+        known = space >= 0 and rest.startswith(_REQUEST_KEYWORDS)
+        if (known and not msg.endswith(".")) or space < 0 or _cut_request_keyword(rest):
+            self.out.rejects.add(CUT_OFF, line_no, msg)  # these end with "." (FORMATS.md 1.6)
             return None
         if not known:  # "Request <id> JSON body: ..." (DEBUG, 0.32) and others
             self.out.ignored["other vLLM line"] += 1

@@ -168,3 +168,14 @@ def test_python_literals_read_by_find_are_those_of_the_pattern(text, pos):
     if text.startswith("None", pos):
         want = (None, pos + 4)
     assert python_str_at(text, pos) == want
+
+
+def test_a_request_line_cut_inside_its_first_words_is_one_reject():
+    for cut in ("details: promp", "abor", "f", "", None):
+        message = "Request chatcmpl-1" + ("" if cut is None else " " + cut)
+        result = ChunkResult("x.log", "vllm")
+        result.rejects = Rejects("x.log")
+        parser = VllmChunkParser(result, 4, "x.log")
+        parser.feed(1, ["INFO 02-10 09:15:01 [logger.py:39] " + message])
+        parser.finish()
+        assert result.rejects.counts == {"cut-off line": 1} and not result.ignored, message
