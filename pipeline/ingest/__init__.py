@@ -11,7 +11,7 @@ each file's format (or takes ``options.format``), and returns an :class:`IngestR
   ``cpu_prefix_cache_hit_rate``, ``external_prefix_cache_hit_rate``, ``mm_cache_hit_rate``
   (usages and rates as fractions 0..1; missing where the line has no such part);
 * ``windows`` — every item × window count, with lag / rolling features on a dense grid
-  (:mod:`pipeline.windows`) for items with at least ``options.min_item_requests`` requests
+  (:mod:`pipeline.window_features`) for items with at least ``options.min_item_requests`` requests
   (rarer items keep their count rows, features missing), or ``None``;
 * ``counts`` — every item × window count (the counts shape);
 * ``summary`` — one :class:`FileSummary` per file: format, records, lines, rejected lines by
@@ -47,7 +47,8 @@ from pipeline.ingest.sinks import (
 from pipeline.ingest.state import IngestState
 from pipeline.ingest.summary import FileSummary
 from pipeline.records import records_frame
-from pipeline.windows import COUNT_DTYPES, whole_counts, window_features
+from pipeline.window_features import whole_counts, window_features
+from pipeline.windows import COUNT_DTYPES
 
 __all__ = [
     "FileSummary",
@@ -196,10 +197,16 @@ def _item_batches(counts: pa.Table, rows: int) -> Iterable[pa.Table]:
 
 
 def _without_features(rare: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Rare items' count rows in the featured rows' schema (features missing)."""
+    """Rare items' count rows in the featured rows' schema (features missing). Features of
+    one type share one array of nulls: a 1 GB vLLM log's 1.5M rare rows took 12 fresh 12 MB
+    arrays, a quarter of the parent's time writing windows."""
+    nulls: dict[pa.DataType, pa.Array] = {}
     for name in schema.names:
         if name not in rare.column_names:
-            rare = rare.append_column(name, pa.nulls(rare.num_rows, schema.field(name).type))
+            kind = schema.field(name).type
+            if kind not in nulls:
+                nulls[kind] = pa.nulls(rare.num_rows, kind)
+            rare = rare.append_column(name, nulls[kind])
     return rare.select(schema.names).cast(schema)
 
 

@@ -1,14 +1,18 @@
 """Where finished frames go: kept in memory, or streamed into Parquet files.
 
 Records and metrics arrive one chunk at a time; window counts are additive, so each chunk's
-counts are computed on arrival and summed with those of the same windows (a few buckets of
-windows, see :data:`WINDOW_BUCKETS`). A Parquet sink holds at most two chunks' records: the
-one being written and the next.
+counts are computed on arrival, kept with those of the same windows (a few buckets of
+windows, see :data:`WINDOW_BUCKETS`) and summed once a bucket has gathered enough rows
+(:data:`SUM_AT_ROWS`), and once more at the end. A Parquet sink holds at most two chunks'
+records: the one being written and the next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.ingest.count_sums import COUNT_KEYS, COUNT_VALUES, sum_counts
 from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, arrow_hashes, conform_records
 from pipeline.windows import COUNT_DTYPES, COUNTS_SCHEMA, empty_counts, window_counts_table
 
@@ -36,13 +41,17 @@ _NULLABLE = {
     pa.uint64(): pd.UInt64Dtype(),
     pa.float64(): pd.Float64Dtype(),
 }
-#: chunks' counts are summed every this many chunks (a window spans chunks; sums are exact)
-COMBINE_EVERY = 4
 #: counts are kept in this many buckets of windows (window number modulo it): a log's chunks
 #: come in time order, so a chunk's counts are summed with its own windows' bucket only, not
 #: with everything counted so far (whose re-sum grew to ~450 MB at the end of a 1 GB vLLM
-#: log); buckets hold disjoint windows, so the final counts are their concatenation
+#: log); buckets hold disjoint windows, so a bucket's sum is final for its own
 WINDOW_BUCKETS = 16
+#: a bucket's counts are summed once the rows added since its last sum reach this many (~6 MB
+#: of vLLM counts; at most ~100 MB not summed in all 16 buckets) and the rows its last sum
+#: left: so each row is summed about twice however long the log, and rarely where summing
+#: gains nothing (a 1 GB vLLM log's 1.5M count rows hold 0.3% repeats: its buckets of 80k to
+#: 125k rows are summed once at most before the end, where one sort sums everything)
+SUM_AT_ROWS = 100_000
 RECORDS_SCHEMA = pa.schema([(c, _ARROW[t]) for c, t in RECORD_DTYPES.items()])
 
 
@@ -88,10 +97,6 @@ def records_of(table: pa.Table) -> pd.DataFrame:
     return conform_records(frame)
 
 
-COUNT_KEYS = ["item_kind", "item_key", "window_start"]
-COUNT_VALUES = ["requests", "prompt_tokens", "output_tokens"]
-
-
 def with_pandas_dtypes(table: pa.Table) -> pa.Table:
     """``table`` with the pandas metadata of the counts shape, so ``pd.read_parquet`` gives
     ``string`` (not ``object``) columns back."""
@@ -103,22 +108,6 @@ def counts_table(frame: pd.DataFrame) -> pa.Table:
     """A counts frame as Arrow (strings cost ~10 bytes a row there, ~70 as Python objects)."""
     columns = [*COUNT_KEYS, *COUNT_VALUES]
     return pa.Table.from_pandas(frame[columns], schema=COUNTS_SCHEMA, preserve_index=False)
-
-
-def sum_counts(tables: list[pa.Table], ordered: bool = True) -> pa.Table:
-    """Sum counts tables of several chunks (same item and window: values added), sorted
-    unless ``ordered`` is false (a partial sum: only the final one needs the order)."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return COUNTS_SCHEMA.empty_table()
-    grouped = (
-        pa.concat_tables(tables)
-        .group_by(COUNT_KEYS, use_threads=False)  # threads cost more CPU than they save here
-        .aggregate([(c, "sum") for c in COUNT_VALUES])
-    )
-    grouped = grouped.rename_columns([n.removesuffix("_sum") for n in grouped.column_names])
-    summed = grouped.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
-    return summed.sort_by([(k, "ascending") for k in COUNT_KEYS]) if ordered else summed
 
 
 def counts_frame_of(table: pa.Table) -> pd.DataFrame:
@@ -140,8 +129,8 @@ class MemorySink:
         self.window = window
         self.records: list[pd.DataFrame] = []
         self.metrics: list[pd.DataFrame] = []
-        #: counts tables per bucket of windows (see WINDOW_BUCKETS)
-        self.counts: dict[int, list[pa.Table]] = {}
+        #: counts per bucket of windows (see WINDOW_BUCKETS)
+        self.counts: dict[int, _Bucket] = {}
         self._step_us = max(1, pd.Timedelta(window).value // 1000)
 
     def add_records(self, frame: pd.DataFrame, counts: pa.Table | None = None) -> None:
@@ -168,22 +157,47 @@ class MemorySink:
 
     def add_counts_table(self, table: pa.Table) -> None:
         """Counts of one chunk as an Arrow table (:data:`COUNTS_SCHEMA`)."""
+        for bucket, rows in self._by_bucket(table):
+            self.counts.setdefault(bucket, _Bucket()).add(rows)
+
+    def _by_bucket(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+        """``table``'s rows by bucket of windows: one sort by bucket, then a slice for each
+        (a chunk's windows are one or two of its log's: often all in one bucket)."""
         if table.num_rows == 0:
             return
         starts = table.column("window_start").cast(pa.int64()).to_numpy()
         buckets = starts // self._step_us % WINDOW_BUCKETS
-        for bucket in np.unique(buckets).tolist():
-            tables = self.counts.setdefault(bucket, [])
-            tables.append(table.filter(pa.array(buckets == bucket)))
-            if len(tables) >= COMBINE_EVERY:  # keep one summed table, not one per chunk
-                # unsorted: sorting every few chunks cost more than the sums
-                self.counts[bucket] = [sum_counts(tables, ordered=False)]
+        if (buckets == buckets[0]).all():
+            yield int(buckets[0]), table
+            return
+        order = np.argsort(buckets, kind="stable")
+        table, buckets = table.take(order), buckets[order]
+        edges = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), len(buckets)]
+        for begin, end in pairwise(edges):
+            yield int(buckets[begin]), table.slice(begin, end - begin)
 
     def summed_counts(self) -> pa.Table:
         """Every count added, summed and sorted (the buckets are let go)."""
-        summed = [sum_counts(self.counts.pop(b), ordered=False) for b in sorted(self.counts)]
-        whole = pa.concat_tables(summed) if summed else COUNTS_SCHEMA.empty_table()
-        return whole.sort_by([(k, "ascending") for k in COUNT_KEYS])
+        tables = [t for b in sorted(self.counts) for t in self.counts.pop(b).tables]
+        return sum_counts(tables)
+
+
+@dataclass
+class _Bucket:
+    """The counts tables of one bucket of windows, and how many of their rows a sum left
+    (``summed_rows``, the first table's) or were added since (``added_rows``)."""
+
+    tables: list[pa.Table] = field(default_factory=list)
+    summed_rows: int = 0
+    added_rows: int = 0
+
+    def add(self, table: pa.Table) -> None:
+        """Keep ``table``; sum the bucket once enough rows came (see :data:`SUM_AT_ROWS`)."""
+        self.tables.append(table)
+        self.added_rows += table.num_rows
+        if self.added_rows >= max(self.summed_rows, SUM_AT_ROWS):
+            self.tables = [sum_counts(self.tables)]
+            self.summed_rows, self.added_rows = self.tables[0].num_rows, 0
 
 
 class ParquetSink(MemorySink):

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from pipeline.records import records_frame
-from pipeline.windows import COUNT_DTYPES, item_window_counts, prompt_key, window_features
+from pipeline.window_features import window_features
+from pipeline.windows import COUNT_DTYPES, item_window_counts, prompt_key
 
 T0 = pd.Timestamp("2025-01-01T00:00:00Z")
 
