@@ -115,12 +115,11 @@ def finalize_log_records(frame: pd.DataFrame, source: str, options: IngestOption
     """Filled-in options and chains as lists; canonical columns out."""
     frame["source"] = source
     hashes = frame["prefix_hashes"]
-    if arrow_hashes(hashes) is not None:  # Arrow lists: lists or missing already
-        pass
-    elif hashes.isna().all():  # a log without prompts (TGI text): no per-row pass
-        frame["prefix_hashes"] = None
-    else:
-        frame["prefix_hashes"] = [h if isinstance(h, list) else None for h in hashes]
+    if arrow_hashes(hashes) is None:  # (Arrow lists hold lists or missing values already)
+        if hashes.isna().all():  # a log without prompts (TGI text): no per-row pass
+            frame["prefix_hashes"] = None
+        else:
+            frame["prefix_hashes"] = [h if isinstance(h, list) else None for h in hashes]
     for column in ("model", "tenant"):
         value = getattr(options, column)
         if value is not None:

@@ -128,9 +128,8 @@ def finished_metrics(
 ) -> pd.DataFrame:
     """A piece's metrics part with its times resolved, ready for a sink."""
     frame = read_metrics(path)
-    if frame.empty:
-        return frame.drop(columns=["_line"])
-    frame["ts"] = log_format.resolve_ts(frame, chunk, facts, index, options)
+    if not frame.empty:
+        frame["ts"] = log_format.resolve_ts(frame, chunk, facts, index, options)
     return frame.drop(columns=["_line"])
 
 

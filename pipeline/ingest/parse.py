@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -291,18 +291,33 @@ def heads_table(heads: list[dict[str, object]], frames: Sequence[pd.DataFrame] =
 def _arrow_column(values: list[object], field: pa.Field) -> pa.Array:
     """One head column's Python values as Arrow; a value Arrow will not take as that type
     (a bool among integers ...) goes through pandas' conversion, as :func:`heads_frame`'s."""
+    if field.name == "prefix_hashes":  # chains of hex strings (anything else: a parser's bug)
+        return pa.array(values, field.type, from_pandas=True)
+    return _part_column(values, field, lambda: pa.array(_typed(values, _head_dtype(field.name))))
+
+
+def _part_column(
+    values: list[object], field: pa.Field, by_pandas: Callable[[], pa.Array]
+) -> pa.Array:
+    """Python values of a part's column as Arrow (NaN missing, as pandas has it), through
+    ``by_pandas`` when Arrow will not take one of them as the column's type; ``_line`` has
+    no missing values."""
     try:
-        array = pa.array(values, field.type, from_pandas=True)  # NaN -> missing, as pandas
+        array = pa.array(values, field.type, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        if field.name == "prefix_hashes":  # chains of hex strings, or a parser's bug
-            raise
-        array = pa.array(_typed(values, _head_dtype(field.name)), field.type)
+        array = by_pandas().cast(field.type)
     return pc.fill_null(array, 0) if field.name == "_line" else array
 
 
 def heads_of(table: pa.Table) -> pd.DataFrame:
     """A :func:`heads_table` as a heads frame, in :func:`heads_frame`'s dtypes except
     ``prefix_hashes``, kept as Arrow lists (:func:`pipeline.records.hashes_column`)."""
+    return _part_frame(table, _head_dtype)
+
+
+def _part_frame(table: pa.Table, dtype_of: Callable[[str], str]) -> pd.DataFrame:
+    """A part's table as a frame: ``_line`` as int64, block hashes as Arrow lists, every other
+    column in the pandas dtype ``dtype_of`` names."""
     index = pd.RangeIndex(table.num_rows)
     columns: dict[str, object] = {}
     for name in table.column_names:
@@ -312,7 +327,7 @@ def heads_of(table: pa.Table) -> pd.DataFrame:
         elif name == "_line":
             columns[name] = values.to_numpy()
         else:
-            columns[name] = arrow_to_pandas(values, _head_dtype(name))
+            columns[name] = arrow_to_pandas(values, dtype_of(name))
     return pd.DataFrame(columns, index=index)
 
 
@@ -364,25 +379,16 @@ def metrics_table(rows: list[dict[str, object]]) -> pa.Table:
 def _metric_column(values: list[object], field: pa.Field) -> pa.Array:
     """One metrics column as Arrow; values Arrow will not take as that type (an integer past
     2**53 ...) are cast by pandas, as they always were."""
-    try:
-        array = pa.array(values, field.type, from_pandas=True)  # NaN -> missing, as pandas
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        array = pa.array(pd.Series(values, dtype=object).astype(_metric_dtype(field.name)))
-        array = array.cast(field.type)
-    return pc.fill_null(array, 0) if field.name == "_line" else array
+    dtype = _metric_dtype(field.name)
+    return _part_column(
+        values, field, lambda: pa.array(pd.Series(values, dtype=object).astype(dtype))
+    )
 
 
 def metrics_of(table: pa.Table) -> pd.DataFrame:
     """A :func:`metrics_table` as a frame: numbers ``Float64``, text ``string``, ``_line``
     ``int64``."""
-    columns: dict[str, object] = {}
-    for name in table.column_names:
-        values = table.column(name)
-        if name == "_line":
-            columns[name] = values.to_numpy()
-        else:
-            columns[name] = arrow_to_pandas(values, _metric_dtype(name))
-    return pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows))
+    return _part_frame(table, _metric_dtype)
 
 
 def _metric_dtype(column: str) -> str:

@@ -21,7 +21,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.ingest.count_sums import COUNT_KEYS, COUNT_VALUES, sum_counts
-from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, arrow_hashes, conform_records
+from pipeline.records import (
+    HASHES_TYPE,
+    RECORD_COLUMNS,
+    RECORD_DTYPES,
+    arrow_hashes,
+    conform_records,
+)
 from pipeline.windows import COUNT_DTYPES, COUNTS_SCHEMA, empty_counts, window_counts_table
 
 _ARROW = {
@@ -72,11 +78,11 @@ def _hashes_array(hashes: pd.Series) -> pa.Array:
     """``prefix_hashes`` as Arrow lists of strings (already so: as they are)."""
     held = arrow_hashes(hashes)
     if held is not None:
-        return held.cast(pa.list_(pa.string()))
+        return held.cast(HASHES_TYPE)
     if hashes.isna().all():  # no prompts: no per-row pass
-        return pa.nulls(len(hashes), pa.list_(pa.string()))
+        return pa.nulls(len(hashes), HASHES_TYPE)
     values = [list(map(str, h)) if _is_list(h) else None for h in hashes]
-    return pa.array(values, type=pa.list_(pa.string()))
+    return pa.array(values, type=HASHES_TYPE)
 
 
 def _is_list(value: object) -> bool:

@@ -74,10 +74,10 @@ _DATA_KEYWORDS = (
     "Received request ", "Request ", "Added request ", "Aborted request", "Finished request ",
     "Generated response ", "Avg prompt throughput", "Engine ", "Prefix cache hit rate: GPU",
 )  # fmt: skip
-#: request-logger lines of ``/tokenize`` and ``/detokenize`` calls (vLLM 0.32 logs their
-#: prompt as it logs a completion's): no request was served, no cache block was used
 #: what follows ``Request <id> `` on the lines that carry data
 _REQUEST_KEYWORDS = ("details: prompt: ", "aborted", "failed")
+#: request-logger lines of ``/tokenize`` and ``/detokenize`` calls (vLLM 0.32 logs their
+#: prompt as it logs a completion's): no request was served, no cache block was used
 _TOKENIZER_LINES = (
     "Received request tokenize-", "Request tokenize-",
     "Received request detokenize-", "Request detokenize-",
@@ -90,16 +90,10 @@ _HASH_CACHE_SIZE = 4096
 _CACHED_REST_CHARS = 2048
 
 
-def _cut_keyword(msg: str) -> bool:
-    """A message that stops inside a data message's first words (or an empty one: nothing
-    after the envelope) is a line cut short."""
-    return any(len(msg) < len(key) and key.startswith(msg) for key in _DATA_KEYWORDS)
-
-
-def _cut_request_keyword(rest: str) -> bool:
-    """What follows a ``Request <id>`` stops inside the words that start its outcome or its
-    details (nothing at all included): a line cut short."""
-    return any(len(rest) < len(key) and key.startswith(rest) for key in _REQUEST_KEYWORDS)
+def _cut_keyword(msg: str, keywords: tuple[str, ...] = _DATA_KEYWORDS) -> bool:
+    """A message that stops inside the first words of a data message (or an empty one:
+    nothing after the envelope) is a line cut short; ``keywords``: those first words."""
+    return any(len(msg) < len(key) and key.startswith(msg) for key in keywords)
 
 
 def whole_value(value: str) -> bool:
@@ -360,8 +354,7 @@ class VllmChunkParser:
             self.requests[f"{request_id}\x00{line_no}"] = self.requests.pop(request_id)
             record = None
         if record is None:
-            record = {"request_id": request_id, "status": "received"}
-            self.requests[request_id] = record
+            record = self.requests[request_id] = {"request_id": request_id}
         record["ts"], record["_line"], record["_head"] = ts, line_no, True
         record.setdefault("status", "received")
         record["endpoint"] = endpoint_of(request_id)
@@ -463,7 +456,7 @@ class VllmChunkParser:
         space = msg.find(" ", 8)
         request_id, rest = msg[8:space], msg[space + 1 :]
         known = space >= 0 and rest.startswith(_REQUEST_KEYWORDS)
-        if (known and not msg.endswith(".")) or space < 0 or _cut_request_keyword(rest):
+        if (known and not msg.endswith(".")) or space < 0 or _cut_keyword(rest, _REQUEST_KEYWORDS):
             self.out.rejects.add(CUT_OFF, line_no, msg)  # these end with "." (FORMATS.md 1.6)
             return None
         if not known:  # "Request <id> JSON body: ..." (DEBUG, 0.32) and others
