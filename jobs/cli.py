@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated
@@ -122,6 +123,25 @@ def _command_named(argv: list[str]) -> str | None:
     return None
 
 
+def command_path(argv: Sequence[str]) -> str:
+    """``prewarm`` and the (sub)commands ``argv`` names, as click prints a command's path:
+    each word that names a subcommand of the group before it, options skipped."""
+    group, path = typer.main.get_command(app), [PROG]
+    words = iter(argv)
+    for word in words:
+        if word in _ROOT_VALUE_OPTIONS and len(path) == 1:
+            next(words, None)
+            continue
+        if word.startswith("-"):
+            continue
+        sub = getattr(group, "commands", {}).get(word)
+        if sub is None:
+            break
+        group = sub
+        path.append(word)
+    return " ".join(path)
+
+
 def command_tree() -> ClickCommand:
     """The click command of the whole CLI, every command registered (for tests and docs)."""
     _register_commands()
@@ -145,10 +165,12 @@ def _translated(exc: Exception) -> PrewarmError | None:
     return translate_connection_error(exc, settings)
 
 
-def usage_line(exc: Exception) -> str:
-    """One line for a click usage error: the command, what is wrong, where the help is."""
+def usage_line(exc: Exception, argv: Sequence[str] = ()) -> str:
+    """One line for a click usage error: the command, what is wrong, where the help is. An
+    error the option parser raises has no context (an option left without its value): the
+    command is then the one ``argv`` names."""
     ctx = getattr(exc, "ctx", None)
-    command = ctx.command_path if ctx is not None else PROG
+    command = ctx.command_path if ctx is not None else command_path(argv)
     message = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
     return f"{command}: usage: {message} (see '{command} -h')"
 
@@ -178,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     except BARE_GROUP:  # typer has printed the group's help already
         sys.exit(2)
     except USAGE_ERRORS as exc:
-        _print_error(usage_line(exc))
+        _print_error(usage_line(exc, sys.argv[1:] if argv is None else argv))
         sys.exit(2)
     except CLICK_ERRORS as exc:  # a file that cannot be opened, and the like
         _print_error(f"{PROG}: error: {' '.join(str(exc.format_message()).split())}")  # type: ignore[attr-defined]

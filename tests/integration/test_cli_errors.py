@@ -190,6 +190,9 @@ def test_every_missing_argument_is_one_line_or_the_help(results):
         else:
             lines = case["stderr"].strip().splitlines()
             assert len(lines) == 1 and ("Missing" in lines[0] or "requires" in lines[0]), case
+            # the line names the command itself, also where the option parser raised it
+            command = " ".join(["prewarm", *(w for w in case["argv"] if not w.startswith("-"))])
+            assert lines[0].startswith(f"{command}: usage: "), case
 
 
 def _one(results: dict[str, dict], kind: str) -> dict:
