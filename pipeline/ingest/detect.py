@@ -23,8 +23,9 @@ LOG_FORMATS = tuple(f.name for f in formats.all_formats() if isinstance(f, forma
 
 
 def head_lines(path: Path, limit: int = SAMPLE_LINES) -> list[str]:
-    """The first non-blank lines of a file, ANSI codes stripped, bad bytes replaced."""
-    text = read_head(path, HEAD_BYTES).decode("utf-8", "replace")
+    """The first non-blank lines of a file, ANSI codes and a byte-order mark stripped, bad
+    bytes replaced."""
+    text = read_head(path, HEAD_BYTES).decode("utf-8", "replace").removeprefix("\ufeff")
     lines = [ANSI.sub("", line).rstrip("\r") for line in text.split("\n")[:-1] or [text]]
     return [line for line in lines if line.strip()][:limit]
 

@@ -10,6 +10,8 @@
   and counted in ``repaired``; the parser rejects it if it is not a line it knows.
 * Lines end with ``\n``, ``\r\n`` or a lone ``\r`` (a CR-only file, or a CR left between two
   lines), and never keep their ending: a lone ``\r`` does not glue two lines' fields together.
+* A UTF-8 byte-order mark at the start of a file (an editor's or an exporter's) is not part of
+  its first line: that line is read as if it had none.
 * With ``partial_tail=False`` (incremental ingestion of a growing file) a last line without its
   newline is left unread: ``offset`` then points at its start, for the next run.
 """
@@ -32,6 +34,9 @@ from pipeline.ingest.summary import Rejects
 BLOCK_BYTES = 8 << 20
 #: default cap on one line; a 128k-token prompt printed with repr() is about 1 MiB
 DEFAULT_MAX_LINE_BYTES = 8 << 20
+
+#: the UTF-8 byte-order mark some tools write at the start of a text file
+BOM = b"\xef\xbb\xbf"
 
 TOO_LONG = "line too long"
 BAD_GZIP = "truncated or corrupt gzip"
@@ -156,6 +161,22 @@ def _skip(blocks: Iterator[bytes], count: int) -> Iterator[bytes]:
         count = 0
 
 
+def _without_bom(blocks: Iterator[bytes], reader: LineReader) -> Iterator[bytes]:
+    """A file's blocks from its start, a leading byte-order mark dropped (and counted in
+    ``reader.bytes_read``: offsets stay the file's)."""
+    first = b""
+    for block in blocks:
+        first += block
+        if len(first) >= len(BOM) or not BOM.startswith(first):
+            break
+    if first.startswith(BOM):
+        reader.bytes_read += len(BOM)
+        first = first[len(BOM) :]
+    if first:
+        yield first
+    yield from blocks
+
+
 def _newlines(data: bytes) -> tuple[bytes, bytes]:
     """``data`` with every line ending made ``\n`` (``\r\n`` and a lone ``\r``), and a last
     ``\r`` held back (its ``\n`` may be the first byte of the next block)."""
@@ -212,6 +233,8 @@ class LineReader:
                 yield from self._blocks(range_blocks(raw, size, self.start, self.end))
 
     def _blocks(self, source: Iterator[bytes]) -> Iterator[tuple[int, list[str]]]:
+        if self.start == 0:
+            source = _without_bom(source, self)
         carry = b""
         skipping = False  # inside a line already known to be too long
         line_no = self.first_line

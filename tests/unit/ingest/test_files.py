@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_paths
-from pipeline.ingest.lines import LineReader
+from pipeline.ingest.lines import BOM, LineReader
 from pipeline.ingest.parse import ChunkSpec, parse_pieces, plan_chunks
 from pipeline.ingest.summary import Rejects
 from tests.conftest import SHARED_DATA
@@ -271,3 +271,34 @@ def test_a_parse_pauses_the_cycle_collector_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_only_and_offsets_count_it(tmp_path):
+    path = tmp_path / "bom.log"
+    path.write_bytes(BOM + b"one\n" + BOM + b"two\nthr")
+    lines, reader, _ = _lines(path, partial_tail=False)
+    assert lines == ["one", "\ufefftwo"]  # inside the file it is the line's own character
+    assert reader.offset == len(BOM) + 4 + len(BOM) + 4  # the file's own offsets
+    lines, _, _ = _lines(path, start=reader.offset)  # resuming: the start is no file start
+    assert lines == ["thr"]
+    path.write_bytes(BOM[:2])  # a file of a BOM's first bytes only: a line of them
+    lines, reader, _ = _lines(path)
+    assert len(lines) == 1 and reader.offset == 2
+
+
+def test_incremental_runs_of_a_file_with_a_byte_order_mark_read_each_line_once(tmp_path):
+    lines = V011.read_text().splitlines(keepends=True)
+    log, state_file = tmp_path / "app.log", tmp_path / "state.json"
+    log.write_bytes(BOM + "".join(lines[:8]).encode())
+
+    def run() -> int:
+        state = IngestState.load(state_file)
+        result = ingest_paths([log], IngestOptions(year=2025), state)
+        state.save(state_file)
+        return len(result.records)
+
+    first = run()
+    with open(log, "a") as out:
+        out.write("".join(lines[8:]))
+    assert first + run() == 5 and run() == 0
+    assert IngestState.load(state_file).files[str(log)].offset == log.stat().st_size

@@ -21,14 +21,17 @@ Two limits come from the formats, not from the parser:
 from __future__ import annotations
 
 import functools
+import gzip
 import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.ingest import IngestOptions, ingest_paths
+from pipeline.ingest.lines import BOM
 from pipeline.ingest.tgi import EVENT_START
 from pipeline.ingest.vllm import ANSI
 from tests.conftest import SHARED_DATA
@@ -123,3 +126,23 @@ def test_every_good_record_survives_and_each_garbage_line_is_one_reject(tmp_path
     assert dirty_summary.ignored == clean_summary.ignored
     rejected = dirty_summary.rejects.total - clean_summary.rejects.total
     assert rejected == garbage, dirty_summary.rejects.sample_lines()
+
+
+@pytest.mark.parametrize("source", FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gz"])
+def test_a_byte_order_mark_at_the_start_changes_nothing(tmp_path, source, compressed):
+    """A UTF-8 BOM (an editor's, an exporter's) is not part of the first line: the first
+    record survives, and nothing more is rejected or ignored."""
+    name = source.name + (".gz" if compressed else "")  # one name: one instance
+    clean_path, marked = tmp_path / "clean" / name, tmp_path / "marked" / name
+    for path, data in ((clean_path, source.read_bytes()), (marked, BOM + source.read_bytes())):
+        path.parent.mkdir()
+        path.write_bytes(gzip.compress(data) if compressed else data)
+    clean, clean_summary = _parse(clean_path)
+    dirty, dirty_summary = _parse(marked)
+    assert dirty_summary.format == clean_summary.format
+    pd.testing.assert_frame_equal(dirty.records, clean.records)
+    pd.testing.assert_frame_equal(dirty.metrics, clean.metrics, check_dtype=False)
+    assert dirty_summary.ignored == clean_summary.ignored
+    assert dirty_summary.rejects.total == clean_summary.rejects.total
+    assert len(clean.records) > 0 or len(clean.metrics) > 0
