@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.ingest import formats
+from pipeline.ingest import formats, line_prefixes
 from pipeline.ingest.lines import read_head
 from pipeline.ingest.vllm import ANSI
 
@@ -32,14 +32,32 @@ def head_lines(path: Path, limit: int = SAMPLE_LINES) -> list[str]:
 
 def detect_format(path: str | Path) -> str | None:
     """The most likely format of ``path``, or ``None`` when no line of its head matches."""
+    return detect(path)[0]
+
+
+def detect(path: str | Path, fmt: str | None = None) -> tuple[str | None, str | None]:
+    """The most likely format of ``path`` (``fmt`` when given) and the line prefix its lines
+    carry (:mod:`~pipeline.ingest.line_prefixes`; ``None``: none): a prefix is taken when
+    nearly every head line starts with it and more of them read as a format without it."""
     path = Path(path)
     lines = head_lines(path)
     if not lines:
-        return None
-    candidates = formats.all_formats()
+        return fmt, None
+    candidates = formats.all_formats() if fmt is None else [formats.get(fmt)]
+    best, prefix = _best(lines, path, candidates), None
+    for name in line_prefixes.candidates(lines):
+        found = _best(line_prefixes.stripped(lines, name), path, candidates)
+        if found[0] > 0 and found >= best:  # alike: the lines read the same either way
+            best, prefix = found, name
+    return (best[2] if best[0] > 0 else fmt), prefix
+
+
+def _best(
+    lines: list[str], path: Path, candidates: list[formats.InputFormat]
+) -> tuple[int, int, str | None]:
+    """The format that reads the most of ``lines`` (one whose head settles it first), as
+    ``(score, -rank, name)``; a score of 0: none."""
     claimed = next((f for f in candidates if f.claims(lines, path)), None)
     if claimed is not None:
-        return claimed.name
-    scores = [(f.score(lines), -i, f.name) for i, f in enumerate(candidates)]
-    best = max(scores)
-    return best[2] if best[0] > 0 else None
+        return len(lines) + 1, 0, claimed.name
+    return max((f.score(lines), -i, f.name) for i, f in enumerate(candidates))

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from pipeline.ingest import IngestOptions, metrics_result, write_windows
 from pipeline.ingest.chunk import chunk_from_meta, chunk_meta
-from pipeline.ingest.detect import detect_format
+from pipeline.ingest.detect import detect
 from pipeline.ingest.parse import ChunkSpec, plan_chunks
 from pipeline.ingest.run import ChunkJob, FileAssembly, FilePlan, run_chunk
 from pipeline.ingest.sinks import ParquetSink, with_pandas_dtypes
@@ -44,10 +44,10 @@ def plan_file_chunks(
 ) -> tuple[str, str | None, list[dict[str, Any]]]:
     """Identity, format and chunk specs (as dicts, for task messages) of one file."""
     path = Path(path)
-    fmt = options.format or detect_format(path)
+    fmt, line_prefix = detect(path, options.format)
     if fmt is None:
         return file_identity(path), None, []
-    specs = plan_chunks(path, fmt, options.chunk_bytes)
+    specs = plan_chunks(path, fmt, options.chunk_bytes, line_prefix=line_prefix)
     return file_identity(path), fmt, [asdict(s) for s in specs]
 
 
@@ -91,7 +91,8 @@ def assemble_file(
 ) -> dict[str, Any]:
     """Assemble every chunk's parts into ``out_dir`` (records, windows, metrics Parquet)."""
     chunks = [ChunkSpec(**s) for s in specs]
-    plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks)
+    line_prefix = chunks[0].line_prefix if chunks else None
+    plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks, line_prefix)
     assembly = FileAssembly(plan, options)
     for chunk in chunks:
         meta = json.loads(_prefix(Path(folder), chunk).with_suffix(".meta.json").read_text())

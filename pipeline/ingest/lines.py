@@ -12,6 +12,8 @@
   lines), and never keep their ending: a lone ``\r`` does not glue two lines' fields together.
 * A UTF-8 byte-order mark at the start of a file (an editor's or an exporter's) is not part of
   its first line: that line is read as if it had none.
+* A container runtime's prefix of every line (``vllm-1  | ``, a ``--timestamps`` time) is cut
+  off when the reader is told which (:mod:`pipeline.ingest.line_prefixes`).
 * With ``partial_tail=False`` (incremental ingestion of a growing file) a last line without its
   newline is left unread: ``offset`` then points at its start, for the next run.
 """
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.ingest import line_prefixes
 from pipeline.ingest.summary import Rejects
 
 #: bytes read per system call and parsed as one block: the column-wise readers cost a few
@@ -208,8 +211,11 @@ class LineReader:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         partial_tail: bool = True,
         block_bytes: int = BLOCK_BYTES,
+        line_prefix: str | None = None,
     ) -> None:
         self.path = Path(path)
+        #: the runtime's prefix each line loses (:mod:`~pipeline.ingest.line_prefixes`)
+        self.line_prefix = line_prefix
         self.rejects = rejects
         self.start, self.end = start, end
         self.first_line = first_line
@@ -312,6 +318,8 @@ class LineReader:
 
     def _emit(self, lines: list[str], line_no: int) -> Iterator[tuple[int, list[str]]]:
         self.lines += len(lines)
+        if lines and self.line_prefix is not None:
+            lines = line_prefixes.stripped(lines, self.line_prefix)
         if lines:
             yield line_no, lines
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.ingest import formats
+from pipeline.ingest import formats, line_prefixes
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
 from pipeline.ingest.columnar import arrow_to_pandas
 from pipeline.ingest.formats import LogFormat, TraceFormat
@@ -44,9 +44,13 @@ class ChunkSpec:
     end: int | None
     index: int = 0
     first_line: int = 1
+    #: the container runtime's prefix every line carries (:mod:`~pipeline.ingest.line_prefixes`)
+    line_prefix: str | None = None
 
 
-def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None:
+def _next_boundary(
+    path: Path, log_format: LogFormat, offset: int, line_prefix: str | None = None
+) -> int | None:
     """The first line (event) start at or after ``offset``; ``None`` if none close by."""
     with open(path, "rb") as handle:
         handle.seek(max(0, offset - 1))
@@ -54,8 +58,10 @@ def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None
     pos = data.find(b"\n")
     while 0 <= pos < len(data) - 1:
         end = data.find(b"\n", pos + 1)
-        line = data[pos + 1 : end if end >= 0 else len(data)]
-        if log_format.starts_record(line.decode("utf-8", "replace")):
+        line = data[pos + 1 : end if end >= 0 else len(data)].decode("utf-8", "replace")
+        if line_prefix is not None:
+            (line,) = line_prefixes.stripped([line], line_prefix)
+        if log_format.starts_record(line):
             return max(0, offset - 1) + pos + 1
         if end < 0:
             return None
@@ -64,19 +70,24 @@ def _next_boundary(path: Path, log_format: LogFormat, offset: int) -> int | None
 
 
 def plan_chunks(
-    path: str | Path, fmt: str, chunk_bytes: int, start: int = 0, first_line: int = 1
+    path: str | Path,
+    fmt: str,
+    chunk_bytes: int,
+    start: int = 0,
+    first_line: int = 1,
+    line_prefix: str | None = None,
 ) -> list[ChunkSpec]:
     """Chunks of ``path`` from byte ``start`` (line ``first_line``) on, about ``chunk_bytes``
-    each."""
+    each; ``line_prefix``: the runtime's prefix of its lines."""
     path = Path(path)
     size = path.stat().st_size
     log_format = formats.get(fmt)
     if not isinstance(log_format, LogFormat) or is_gzip(path) or size - start <= chunk_bytes:
-        return [ChunkSpec(str(path), fmt, start, None, first_line=first_line)]
+        return [ChunkSpec(str(path), fmt, start, None, 0, first_line, line_prefix)]
     cuts = [start]
     target = start + chunk_bytes
     while target < size:
-        cut = _next_boundary(path, log_format, target)
+        cut = _next_boundary(path, log_format, target, line_prefix)
         if cut is None or cut >= size:
             break
         if cut > cuts[-1]:
@@ -84,7 +95,8 @@ def plan_chunks(
         target = max(cut, target) + chunk_bytes
     ends: list[int | None] = [*cuts[1:], None]
     return [
-        ChunkSpec(str(path), fmt, a, b, i) for i, (a, b) in enumerate(zip(cuts, ends, strict=True))
+        ChunkSpec(str(path), fmt, a, b, i, line_prefix=line_prefix)
+        for i, (a, b) in enumerate(zip(cuts, ends, strict=True))
     ]
 
 
@@ -112,7 +124,7 @@ def parse_pieces(
     reader = LineReader(
         spec.path, Rejects(spec.path), start=spec.start, end=spec.end,
         max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
-        block_bytes=min(BLOCK_BYTES, options.chunk_bytes),
+        block_bytes=min(BLOCK_BYTES, options.chunk_bytes), line_prefix=spec.line_prefix,
     )  # fmt: skip
     with collector_paused():
         piece = _Piece(spec, log_format, options, reader, lines_before=0, bytes_before=0)
@@ -209,6 +221,7 @@ def _parse_trace(
     reader = LineReader(
         path, rejects, start=spec.start, first_line=spec.first_line,
         max_line_bytes=options.max_line_bytes, partial_tail=partial_tail,
+        line_prefix=spec.line_prefix,
     )  # fmt: skip
     heads, result.counts = trace.read(path, rejects, options, reader)
     for row in heads:

@@ -23,7 +23,7 @@ import pyarrow as pa
 from pipeline.errors import BadInputError
 from pipeline.ingest import assemble, formats
 from pipeline.ingest.chunk import ChunkResult
-from pipeline.ingest.detect import detect_format
+from pipeline.ingest.detect import detect
 from pipeline.ingest.finish import (
     FinishedPart,
     PartJob,
@@ -37,7 +37,7 @@ from pipeline.ingest.finish import (
     write_table_part,
 )
 from pipeline.ingest.formats import FileFacts, LogFormat
-from pipeline.ingest.lines import LineReader
+from pipeline.ingest.lines import LineReader, read_head
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import (
     ChunkSpec,
@@ -55,6 +55,9 @@ from pipeline.records import records_frame
 from pipeline.windows import COUNTS_SCHEMA
 
 Progress = Callable[[int, int], None]
+UNKNOWN = "format not recognised"
+#: a file that starts with a UTF-16 byte-order mark (Windows PowerShell's ``>`` writes one)
+UTF16 = "UTF-16 text, not UTF-8 (convert it: iconv -f UTF-16 -t UTF-8)"
 
 
 @dataclass
@@ -66,6 +69,8 @@ class FilePlan:
     state: FileState
     resume_note: str
     chunks: list[ChunkSpec] = field(default_factory=list)
+    #: the container runtime's prefix of its lines (None: none)
+    line_prefix: str | None = None
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -144,12 +149,12 @@ def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> 
         file_state, note = state.resume(path)
     else:
         file_state, note = identify(path), "whole file"
-    fmt = options.format or file_state.format or detect_format(path)
+    fmt, line_prefix = detect(path, options.format or file_state.format)
     file_state.format = fmt
-    plan = FilePlan(path, fmt, file_state, note)
+    plan = FilePlan(path, fmt, file_state, note, line_prefix=line_prefix)
     if fmt is not None and file_state.size > 0:
         plan.chunks = plan_chunks(
-            path, fmt, options.chunk_bytes, file_state.offset, file_state.lines + 1
+            path, fmt, options.chunk_bytes, file_state.offset, file_state.lines + 1, line_prefix
         )
     return plan
 
@@ -309,6 +314,10 @@ class FileAssembly:
             self.summary.repaired += chunk.repaired
         if self.plan.resume_note != "whole file":
             self.summary.assumptions.append(self.plan.resume_note)
+        if self.plan.line_prefix is not None:
+            self.summary.assumptions.append(
+                f"every line starts with a {self.plan.line_prefix} prefix: cut off before parsing"
+            )
 
     def _finish_log(self, sink: MemorySink, fmt: LogFormat, finishers: int) -> None:
         facts = fmt.file_facts(self.chunks, self.options, self.plan.path.stat().st_mtime)
@@ -419,10 +428,11 @@ def _unknown_summary(plan: FilePlan, options: IngestOptions, incremental: bool) 
         plan.path, Rejects(str(plan.path)), max_line_bytes=options.max_line_bytes,
         partial_tail=not incremental,
     )  # fmt: skip
+    reason = UTF16 if read_head(plan.path, 2) in (b"\xff\xfe", b"\xfe\xff") else UNKNOWN
     for first, lines in reader:
         for i, line in enumerate(lines):
             if line.strip():
-                summary.rejects.add("format not recognised", first + i, line)
+                summary.rejects.add(reason, first + i, line)
     summary.lines = reader.lines
     return summary
 

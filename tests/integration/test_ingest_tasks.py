@@ -77,3 +77,21 @@ def test_tgi_pieces_finished_by_the_chunk_tasks_assemble_as_ingested_here(
     expected = ingest_paths([log], IngestOptions()).records
     pd.testing.assert_frame_equal(records.reset_index(drop=True), expected)
     assert list(part_dir(data, plan["identity"]).glob("*.records.arrow"))  # finished there
+
+
+def test_a_prefixed_log_through_the_chunk_tasks_reads_as_the_log_itself(
+    celery_worker, celery_app_configured, tmp_path
+):
+    """``docker compose logs`` output: the chunk tasks cut each line's prefix (and the chunks
+    at events), the records are those of the log without it."""
+    plain = tmp_path / "plain" / "tgi.log"
+    plain.parent.mkdir()
+    plain.write_bytes(TGI_V3.read_bytes() * 200)
+    log = tmp_path / "tgi.log"
+    log.write_bytes(b"".join(b"tgi-1  | " + line for line in plain.read_bytes().splitlines(True)))
+    plan, summary = _through_worker(celery_app_configured, log, {"chunk_bytes": 1 << 16}, tmp_path)
+    assert plan["format"] == "tgi-text" and plan["chunks"] >= 5
+    assert summary["rejected"] == {} and summary["records"] == 1800
+    records = read_records(tmp_path / "out" / "records.parquet").sort_values("ts", kind="stable")
+    expected = ingest_paths([plain], IngestOptions()).records
+    pd.testing.assert_frame_equal(records.reset_index(drop=True), expected)

@@ -14,6 +14,7 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_paths
 from pipeline.ingest.lines import BOM, LineReader
 from pipeline.ingest.parse import ChunkSpec, parse_pieces, plan_chunks
+from pipeline.ingest.run import UTF16
 from pipeline.ingest.summary import Rejects
 from tests.conftest import SHARED_DATA
 
@@ -302,3 +303,14 @@ def test_incremental_runs_of_a_file_with_a_byte_order_mark_read_each_line_once(t
         out.write("".join(lines[8:]))
     assert first + run() == 5 and run() == 0
     assert IngestState.load(state_file).files[str(log)].offset == log.stat().st_size
+
+
+def test_a_utf16_file_says_so_in_its_rejects(tmp_path):
+    """Windows PowerShell's ``>`` writes UTF-16: every line is rejected for that reason,
+    which tells how to convert the file, not as an unknown format."""
+    path = tmp_path / "vllm.log"
+    path.write_bytes(V011.read_text().encode("utf-16"))
+    summary = ingest_paths([path], IngestOptions(year=2025)).summary[0]
+    assert summary.format == "unknown" and summary.records == 0
+    assert set(summary.rejects.counts) == {UTF16} and "iconv" in UTF16
+    assert summary.rejects.total == summary.lines > 0
