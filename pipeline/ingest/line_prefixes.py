@@ -7,7 +7,10 @@ Logs often reach prewarm through the tool that ran the engine rather than straig
 * ``kubectl logs --prefix`` the pod and container (``[pod/vllm-6d4f/vllm] ``);
 * ``kubectl logs --timestamps`` and ``docker logs --timestamps`` the time the runtime received
   the line, RFC 3339 with up to nanoseconds (``2025-06-03T09:42:00.118204123Z ``), after the
-  Compose or kubectl prefix when both are asked for.
+  Compose or kubectl prefix when both are asked for;
+* ``journalctl`` (an engine run as a systemd unit) the time, host and process, in its
+  ``short``, ``short-precise`` and ``short-iso`` outputs
+  (``Jun 03 09:42:00 gpu-7 vllm[2301]: ``, ``2025-06-03T09:42:00+0000 gpu-7 vllm[2301]: ``).
 
 A file's prefix is found from its head (:func:`pipeline.ingest.detect.detect`): the one that
 makes the most head lines read as a format, when it precedes nearly all of them. Each line
@@ -25,6 +28,11 @@ from collections.abc import Sequence
 _COMPOSE = r"(?:\x1b\[[0-9;]*m)*[\w.-]+[-_]\d+ *\|(?:\x1b\[[0-9;]*m)* ?"
 _KUBECTL = r"\[pod/[^\]\s]+\] "
 _STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) "
+_JOURNAL = (
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,6})?"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,6})?(?:Z|[+-]\d\d:?\d\d)) "
+    r"[^\s]+ [^\s\[\]:]+(?:\[\d+\])?: "
+)
 
 #: name -> the prefix at the start of a line, longest combinations first
 LINE_PREFIXES: dict[str, str] = {
@@ -33,6 +41,7 @@ LINE_PREFIXES: dict[str, str] = {
     "kubectl prefix, timestamps": _KUBECTL + _STAMP,
     "kubectl prefix": _KUBECTL,
     "runtime timestamps": _STAMP,
+    "journalctl": _JOURNAL,
 }
 #: the share of a head's lines a prefix must start for the file to be read as prefixed
 SHARE = 0.9

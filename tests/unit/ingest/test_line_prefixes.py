@@ -33,6 +33,9 @@ PREFIXES = {
     "kubectl prefix": lambda i: b"[pod/vllm-6d4f9c-x2x9q/vllm] ",
     "kubectl prefix, timestamps": lambda i: b"[pod/tgi-0/tgi] 2025-06-03T09:42:0%dZ " % (i % 10),
     "runtime timestamps": lambda i: b"2025-06-03T09:42:00.%06d+02:00 " % i,
+    "journalctl": lambda i: b"Jun  3 09:42:%02d gpu-7 python3[2301]: " % (i % 60),
+    "journalctl -o short-iso": lambda i: b"2025-06-03T09:42:00+0000 gpu-7.lan vllm[7]: ",
+    "journalctl -o short-precise": lambda i: b"Jun 03 09:42:00.%06d gpu-7 tgi: " % i,
 }
 
 
@@ -106,6 +109,9 @@ NAMES = {
     "kubectl prefix": "kubectl prefix",
     "kubectl prefix, timestamps": "kubectl prefix, timestamps",
     "runtime timestamps": "runtime timestamps",
+    "journalctl": "journalctl",
+    "journalctl -o short-iso": "journalctl",
+    "journalctl -o short-precise": "journalctl",
 }
 
 
