@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.ingest import IngestOptions, ingest_paths
@@ -35,7 +35,7 @@ PREFIXES = {
     "runtime timestamps": lambda i: b"2025-06-03T09:42:00.%06d+02:00 " % i,
     "journalctl": lambda i: b"Jun  3 09:42:%02d gpu-7 python3[2301]: " % (i % 60),
     "journalctl -o short-iso": lambda i: b"2025-06-03T09:42:00+0000 gpu-7.lan vllm[7]: ",
-    "journalctl -o short-precise": lambda i: b"Jun 03 09:42:00.%06d gpu-7 tgi: " % i,
+    "journalctl -o short-precise": lambda i: b"Jun 03 09:42:00.%06d gpu-7 tgi: " % (i % 10**6),
 }
 
 
@@ -117,6 +117,8 @@ NAMES = {
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(list(PREFIXES)), st.integers(0, 10**6), st.text(max_size=80))
+@example("journalctl -o short-precise", 10**6, "")  # (a time's widest fraction)
+@example("runtime timestamps", 10**6, " INFO x")
 def test_a_prefix_is_cut_and_nothing_of_the_line(runtime, i, text):
     """A runtime's prefix comes off whole and the engine's line stays as it was (its own
     colour codes, times and brackets included); a line without one is left alone."""
