@@ -186,7 +186,8 @@ def _print_error(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    _register_commands(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    _register_commands(args)
     try:
         app(args=argv, prog_name=PROG, standalone_mode=False)
     except PrewarmError as exc:
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     except BARE_GROUP:  # typer has printed the group's help already
         sys.exit(2)
     except USAGE_ERRORS as exc:
-        _print_error(usage_line(exc, sys.argv[1:] if argv is None else argv))
+        _print_error(usage_line(exc, args))
         sys.exit(2)
     except CLICK_ERRORS as exc:  # a file that cannot be opened, and the like
         _print_error(f"{PROG}: error: {' '.join(str(exc.format_message()).split())}")  # type: ignore[attr-defined]

@@ -91,8 +91,7 @@ def assemble_file(
 ) -> dict[str, Any]:
     """Assemble every chunk's parts into ``out_dir`` (records, windows, metrics Parquet)."""
     chunks = [ChunkSpec(**s) for s in specs]
-    line_prefix = chunks[0].line_prefix if chunks else None
-    plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks, line_prefix)
+    plan = FilePlan(Path(path), fmt, identify(path), "whole file", chunks)
     assembly = FileAssembly(plan, options)
     for chunk in chunks:
         meta = json.loads(_prefix(Path(folder), chunk).with_suffix(".meta.json").read_text())

@@ -69,8 +69,11 @@ class FilePlan:
     state: FileState
     resume_note: str
     chunks: list[ChunkSpec] = field(default_factory=list)
-    #: the container runtime's prefix of its lines (None: none)
-    line_prefix: str | None = None
+
+    @property
+    def line_prefix(self) -> str | None:
+        """The container runtime's prefix of its lines, as its chunks cut it (None: none)."""
+        return self.chunks[0].line_prefix if self.chunks else None
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -151,7 +154,7 @@ def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> 
         file_state, note = identify(path), "whole file"
     fmt, line_prefix = detect(path, options.format or file_state.format)
     file_state.format = fmt
-    plan = FilePlan(path, fmt, file_state, note, line_prefix=line_prefix)
+    plan = FilePlan(path, fmt, file_state, note)
     if fmt is not None and file_state.size > 0:
         plan.chunks = plan_chunks(
             path, fmt, options.chunk_bytes, file_state.offset, file_state.lines + 1, line_prefix
