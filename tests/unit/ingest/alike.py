@@ -1,10 +1,33 @@
-"""The check that a changed copy of a log reads as the log itself."""
+"""Every example and spec log, and the check that a changed copy of one reads as the log
+itself."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from pipeline.ingest import IngestResult
+from pipeline.ingest import IngestOptions, IngestResult, ingest_paths
+from tests.conftest import SHARED_DATA
+
+EXAMPLES = SHARED_DATA / "logs" / "examples"
+SPEC_ONLY = Path(__file__).resolve().parents[2] / "data" / "ingest"
+#: the example logs of FORMATS.md, then the spec-only variants
+FILES = sorted(EXAMPLES.iterdir()) + sorted(SPEC_ONLY.iterdir())
+
+
+def read_pair(
+    folder: Path, name: str, clean: bytes, changed: bytes, options: IngestOptions
+) -> tuple[IngestResult, IngestResult]:
+    """``changed`` and ``clean`` ingested, each as a file called ``name`` (one name: one
+    instance) in its own folder under ``folder``."""
+    results = []
+    for sub, data in (("changed", changed), ("clean", clean)):
+        path = folder / sub / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+        results.append(ingest_paths([path], options))
+    return results[0], results[1]
 
 
 def assert_read_alike(dirty: IngestResult, clean: IngestResult, extra_rejects: int = 0) -> None:

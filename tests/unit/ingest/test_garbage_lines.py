@@ -33,12 +33,8 @@ from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.lines import BOM
 from pipeline.ingest.tgi import EVENT_START
 from pipeline.ingest.vllm import ANSI
-from tests.conftest import SHARED_DATA
-from tests.unit.ingest.alike import assert_read_alike
+from tests.unit.ingest.alike import FILES, assert_read_alike, read_pair
 
-EXAMPLES = SHARED_DATA / "logs" / "examples"
-SPEC_ONLY = Path(__file__).resolve().parents[2] / "data" / "ingest"
-FILES = sorted(EXAMPLES.iterdir()) + sorted(SPEC_ONLY.iterdir())
 CAP = 32 << 10
 OPTIONS = IngestOptions(year=2025, max_line_bytes=CAP)
 PANIC = (
@@ -126,11 +122,10 @@ def test_every_good_record_survives_and_each_garbage_line_is_one_reject(tmp_path
 def test_a_byte_order_mark_at_the_start_changes_nothing(tmp_path, source, compressed):
     """A UTF-8 BOM (an editor's, an exporter's) is not part of the first line: the first
     record survives, and nothing more is rejected or ignored."""
-    name = source.name + (".gz" if compressed else "")  # one name: one instance
-    clean_path, marked = tmp_path / "clean" / name, tmp_path / "marked" / name
-    for path, data in ((clean_path, source.read_bytes()), (marked, BOM + source.read_bytes())):
-        path.parent.mkdir()
-        path.write_bytes(gzip.compress(data) if compressed else data)
-    clean = _parse(clean_path)[0]
-    assert_read_alike(_parse(marked)[0], clean)
+    name, data = source.name, source.read_bytes()
+    pack = gzip.compress if compressed else bytes
+    marked, clean = read_pair(
+        tmp_path, name + (".gz" if compressed else ""), pack(data), pack(BOM + data), OPTIONS
+    )
+    assert_read_alike(marked, clean)
     assert len(clean.records) > 0 or len(clean.metrics) > 0

@@ -18,12 +18,8 @@ from hypothesis import strategies as st
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.detect import detect
 from pipeline.ingest.line_prefixes import LINE_PREFIXES, candidates, stripped
-from tests.conftest import SHARED_DATA
-from tests.unit.ingest.alike import assert_read_alike
+from tests.unit.ingest.alike import EXAMPLES, FILES, assert_read_alike, read_pair
 
-EXAMPLES = SHARED_DATA / "logs" / "examples"
-SPEC_ONLY = Path(__file__).resolve().parents[2] / "data" / "ingest"
-FILES = sorted(EXAMPLES.iterdir()) + sorted(SPEC_ONLY.iterdir())
 OPTIONS = IngestOptions(year=2025)
 STAMP = b"2025-06-03T09:42:00.118204123Z "
 #: how each runtime prefixes a line (the replica, pod and times vary line by line)
@@ -53,11 +49,7 @@ def _read(path: Path, options: IngestOptions = OPTIONS):
 def _same(tmp_path: Path, source: Path, data: bytes, options: IngestOptions = OPTIONS) -> str:
     """Read ``source`` and ``data`` under one name (one instance): they must come out alike;
     returns the assumption the prefixed read noted."""
-    clean_path, marked = tmp_path / "clean" / source.name, tmp_path / "marked" / source.name
-    for path, body in ((clean_path, source.read_bytes()), (marked, data)):
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(body)
-    clean, dirty = _read(clean_path, options)[0], _read(marked, options)[0]
+    dirty, clean = read_pair(tmp_path, source.name, source.read_bytes(), data, options)
     assert_read_alike(dirty, clean)
     assert len(clean.records) + len(clean.metrics) > 0
     notes = [a for a in dirty.summary[0].assumptions if "prefix" in a]
