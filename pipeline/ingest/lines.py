@@ -2,8 +2,9 @@
 
 * Plain files are read by byte range (``start`` .. ``end``), so a large file can be cut into
   chunks at line boundaries and read by several processes.
-* ``.gz`` files are read in order (``start`` counts decompressed bytes); a truncated or
-  corrupt stream counts one reject and keeps every complete line read before the damage.
+* Compressed files (gzip, bzip2, xz, zstd: :mod:`~pipeline.ingest.compressed`) are read in
+  order (``start`` counts decompressed bytes); a truncated or corrupt stream counts one
+  reject and keeps every complete line read before the damage.
 * A line longer than ``max_line_bytes`` is skipped without ever being held in memory whole and
   counts as ``line too long``.
 * Invalid UTF-8 is decoded with U+FFFD replacements (the line may still carry a good record)
@@ -20,7 +21,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.ingest import line_prefixes
+from pipeline.ingest.compressed import DAMAGE, codec_of, damaged, decompressed_blocks
 from pipeline.ingest.summary import Rejects
 
 #: bytes read per system call and parsed as one block: the column-wise readers cost a few
@@ -42,7 +43,6 @@ DEFAULT_MAX_LINE_BYTES = 8 << 20
 BOM = b"\xef\xbb\xbf"
 
 TOO_LONG = "line too long"
-BAD_GZIP = "truncated or corrupt gzip"
 
 
 class Lines(list[str]):
@@ -95,10 +95,10 @@ def _arrow_lines(raw: bytes | memoryview, count: int) -> pa.StringArray | None:
     return pc.binary_slice(with_ends, 0, -1).cast(pa.string())
 
 
-def is_gzip(path: str | Path) -> bool:
-    """True when the file starts with the gzip magic bytes (whatever its name)."""
-    with open(path, "rb") as handle:
-        return handle.read(2) == b"\x1f\x8b"
+def is_compressed(path: str | Path) -> bool:
+    """True when the file is compressed (:mod:`~pipeline.ingest.compressed`, by its magic
+    bytes, whatever its name)."""
+    return codec_of(path) is not None
 
 
 def range_blocks(raw: BinaryIO, size: int, start: int, end: int | None) -> Iterator[bytes]:
@@ -113,43 +113,22 @@ def range_blocks(raw: BinaryIO, size: int, start: int, end: int | None) -> Itera
         yield block
 
 
-def gunzip_blocks(raw: BinaryIO, size: int) -> Iterator[bytes]:
-    """Decompressed blocks of a gzip stream (several members allowed).
-
-    Unlike ``gzip.GzipFile`` this hands out everything decompressed before a truncation or a
-    corruption, then raises ``EOFError`` / ``zlib.error``.
-    """
-    inflater, pending, fed, full = zlib.decompressobj(wbits=31), b"", False, False
-    while True:
-        if not pending and not full:  # a full block may leave output inside the inflater
-            pending = raw.read(1 << 20)
-            if not pending:
-                if fed and not inflater.eof:
-                    raise EOFError("compressed stream ends before its end-of-stream marker")
-                return
-        out = inflater.decompress(pending, size)
-        fed, pending, full = True, inflater.unconsumed_tail, len(out) == size
-        if out:
-            yield out
-        if inflater.eof:  # next member, if any
-            pending, inflater, fed = inflater.unused_data, zlib.decompressobj(wbits=31), False
-
-
 def read_head(path: Path, limit: int) -> bytes:
-    """The first ``limit`` bytes of a file, decompressed when it is gzip.
+    """The first ``limit`` bytes of a file, decompressed when it is compressed.
 
-    A damaged gzip gives whatever came out before the damage: a head is a sample, not data.
+    A damaged stream gives whatever came out before the damage: a head is a sample, not data.
     """
+    codec = codec_of(path)
     with open(path, "rb") as raw:
-        if not is_gzip(path):
+        if codec is None:
             return raw.read(limit)
         data = b""
         try:
-            for block in gunzip_blocks(raw, limit):
+            for block in decompressed_blocks(raw, limit, codec):
                 data += block
                 if len(data) >= limit:
                     break
-        except (EOFError, OSError, zlib.error):
+        except DAMAGE:
             pass
         return data[:limit]
 
@@ -226,14 +205,16 @@ class LineReader:
         self.lines = 0
         self.repaired = 0
         self.bytes_read = 0
-        self.gzip = is_gzip(self.path)
+        #: the file's compression (None: plain)
+        self.codec = codec_of(self.path)
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
         # A block never exceeds the line cap, so a line inside one block is within the cap.
         size = min(self.block_bytes, self.max_line_bytes)
         with open(self.path, "rb") as raw:
-            if self.gzip:  # offsets count decompressed bytes
-                yield from self._blocks(_skip(gunzip_blocks(raw, size), self.start))
+            if self.codec is not None:  # offsets count decompressed bytes
+                blocks = decompressed_blocks(raw, size, self.codec)
+                yield from self._blocks(_skip(blocks, self.start))
             else:
                 raw.seek(self.start)
                 yield from self._blocks(range_blocks(raw, size, self.start, self.end))
@@ -248,8 +229,9 @@ class LineReader:
         while True:
             try:
                 raw = next(source, b"")
-            except (EOFError, OSError, zlib.error) as exc:
-                self.rejects.add(BAD_GZIP, line_no, f"{type(exc).__name__}: {exc}")
+            except DAMAGE as exc:
+                reason = damaged(self.codec or "stream")
+                self.rejects.add(reason, line_no, f"{type(exc).__name__}: {exc}")
                 return  # the partial line in ``carry`` is incomplete: never consumed
             if not raw:
                 break

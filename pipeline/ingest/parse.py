@@ -23,7 +23,7 @@ from pipeline.ingest import formats, line_prefixes
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
 from pipeline.ingest.columnar import arrow_to_pandas
 from pipeline.ingest.formats import LogFormat, TraceFormat
-from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_gzip
+from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_compressed
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
 from pipeline.records import HASHES_TYPE, RECORD_DTYPES, hashes_column
@@ -82,7 +82,7 @@ def plan_chunks(
     path = Path(path)
     size = path.stat().st_size
     log_format = formats.get(fmt)
-    if not isinstance(log_format, LogFormat) or is_gzip(path) or size - start <= chunk_bytes:
+    if not isinstance(log_format, LogFormat) or is_compressed(path) or size - start <= chunk_bytes:
         return [ChunkSpec(str(path), fmt, start, None, 0, first_line, line_prefix)]
     cuts = [start]
     target = start + chunk_bytes

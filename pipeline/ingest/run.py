@@ -427,8 +427,8 @@ def _unknown_summary(plan: FilePlan, options: IngestOptions, incremental: bool) 
     if plan.state.size == 0:
         summary.assumptions.append("empty file")
         return summary
-    reader = LineReader(
-        plan.path, Rejects(str(plan.path)), max_line_bytes=options.max_line_bytes,
+    reader = LineReader(  # its own rejects (a line too long, a damaged stream) count too
+        plan.path, summary.rejects, max_line_bytes=options.max_line_bytes,
         partial_tail=not incremental,
     )  # fmt: skip
     reason = UTF16 if read_head(plan.path, 2) in (b"\xff\xfe", b"\xfe\xff") else UNKNOWN

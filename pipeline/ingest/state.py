@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BadInputError
-from pipeline.ingest.lines import is_gzip, read_head
+from pipeline.ingest.lines import is_compressed, read_head
 
 #: bytes of a file's head that name its content; a log's first line alone is usually unique
 HEAD_BYTES = 4096
@@ -79,7 +79,7 @@ def _same_content(old: FileState, new: FileState, path: Path) -> bool:
 
 def _grown(old: FileState, now: FileState, path: Path) -> bool:
     """``path`` holds what ``old`` held, and at least as much of it."""
-    longer = is_gzip(path) or now.size >= old.offset
+    longer = is_compressed(path) or now.size >= old.offset
     return longer and _same_content(old, now, path)
 
 
@@ -117,7 +117,7 @@ class IngestState:
         now = identify(path)
         old = self.files.get(str(path))
         same_file = old is not None and (old.device, old.inode) == (now.device, now.inode)
-        if old is not None and (same_file or is_gzip(path)) and _grown(old, now, path):
+        if old is not None and (same_file or is_compressed(path)) and _grown(old, now, path):
             return self._continue(now, old), "continued"
         for other in self.files.values():
             if other.path != str(path) and _grown(other, now, path):
