@@ -22,12 +22,17 @@ FORMATS = formats.names()
 LOG_FORMATS = tuple(f.name for f in formats.all_formats() if isinstance(f, formats.LogFormat))
 
 
-def head_lines(path: Path, limit: int = SAMPLE_LINES) -> list[str]:
-    """The first non-blank lines of a file, ANSI codes and a byte-order mark stripped, bad
-    bytes replaced."""
+def head_lines(path: Path, limit: int = SAMPLE_LINES, colours: bool = False) -> list[str]:
+    """The first non-blank lines of a file, ANSI codes (unless ``colours``) and a byte-order
+    mark stripped, bad bytes replaced."""
     text = read_head(path, HEAD_BYTES).decode("utf-8", "replace").removeprefix("\ufeff")
-    lines = [ANSI.sub("", line).rstrip("\r") for line in text.split("\n")[:-1] or [text]]
-    return [line for line in lines if line.strip()][:limit]
+    lines = [line.rstrip("\r") for line in text.split("\n")[:-1] or [text]]
+    return _plain(lines, colours)[:limit]
+
+
+def _plain(lines: list[str], colours: bool = False) -> list[str]:
+    """``lines`` without ANSI codes (unless ``colours``), blank ones left out."""
+    return [line if colours else ANSI.sub("", line) for line in lines if line.strip()]
 
 
 def detect_format(path: str | Path) -> str | None:
@@ -45,11 +50,21 @@ def detect(path: str | Path, fmt: str | None = None) -> tuple[str | None, str | 
         return fmt, None
     candidates = formats.all_formats() if fmt is None else [formats.get(fmt)]
     best, prefix = _best(lines, path, candidates), None
-    for name in line_prefixes.candidates(lines):
-        found = _best(line_prefixes.stripped(lines, name), path, candidates)
-        if found[0] > 0 and found >= best:  # alike: the lines read the same either way
+    for name in line_prefixes.candidates(lines):  # longest first: the first of equals wins
+        found = _best(_unprefixed(path, lines, name), path, candidates)
+        # alike without a prefix: the lines read the same either way (the prefix is taken)
+        if found[0] > 0 and (found > best or (found == best and prefix is None)):
             best, prefix = found, name
     return (best[2] if best[0] > 0 else fmt), prefix
+
+
+def _unprefixed(path: Path, lines: list[str], name: str) -> list[str]:
+    """The head ``lines`` without the prefix ``name``; under a runtime that cuts long lines,
+    the pieces of the head's own lines joined first (a colour code may lie in two pieces)."""
+    if name not in line_prefixes.PIECED:
+        return line_prefixes.stripped(lines, name)
+    whole = line_prefixes.unprefixed(head_lines(path, len(lines), colours=True), name)
+    return _plain(whole)
 
 
 def _best(

@@ -56,13 +56,16 @@ def _next_boundary(
         handle.seek(max(0, offset - 1))
         data = handle.read(_BOUNDARY_SCAN)
     pos = data.find(b"\n")
+    previous: str | None = None  # the line before (unknown for the first one looked at)
     while 0 <= pos < len(data) - 1:
         end = data.find(b"\n", pos + 1)
-        line = data[pos + 1 : end if end >= 0 else len(data)].decode("utf-8", "replace")
+        whole = data[pos + 1 : end if end >= 0 else len(data)].decode("utf-8", "replace")
+        line = whole
         if line_prefix is not None:
-            (line,) = line_prefixes.stripped([line], line_prefix)
-        if log_format.starts_record(line):
+            (line,) = line_prefixes.stripped([whole], line_prefix)
+        if not line_prefixes.may_continue(previous, line_prefix) and log_format.starts_record(line):
             return max(0, offset - 1) + pos + 1
+        previous = whole
         if end < 0:
             return None
         pos = end
@@ -130,8 +133,8 @@ def parse_pieces(
         piece = _Piece(spec, log_format, options, reader, lines_before=0, bytes_before=0)
         for first, lines in reader:
             if piece.full() and log_format.starts_record(lines[0]):
-                yield piece.close(reader.lines - len(lines))
-                before = reader.lines - len(lines)
+                before = first - reader.first_line  # (a run of a block may follow a gap)
+                yield piece.close(before)
                 piece = _Piece(spec, log_format, options, reader, before, piece.bytes_end)
             piece.parser.feed(first, lines)
         yield piece.close(reader.lines, last=True)

@@ -10,6 +10,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+#: the reject reason of a line longer than the line cap (``--max-line-bytes``)
+TOO_LONG = "line too long"
+
 #: samples kept per reason; enough to find the pattern, small enough for a JSON summary
 SAMPLES_PER_REASON = 3
 #: characters of a rejected line kept in a sample

@@ -32,6 +32,9 @@ PREFIXES = {
     "journalctl": lambda i: b"Jun  3 09:42:%02d gpu-7 python3[2301]: " % (i % 60),
     "journalctl -o short-iso": lambda i: b"2025-06-03T09:42:00+0000 gpu-7.lan vllm[7]: ",
     "journalctl -o short-precise": lambda i: b"Jun 03 09:42:00.%06d gpu-7 tgi: " % (i % 10**6),
+    "kubernetes CRI": lambda i: (
+        b"2025-06-03T09:42:00.%09dZ std%s F " % (i, b"err" if i % 3 else b"out")
+    ),
 }
 
 
@@ -104,6 +107,7 @@ NAMES = {
     "journalctl": "journalctl",
     "journalctl -o short-iso": "journalctl",
     "journalctl -o short-precise": "journalctl",
+    "kubernetes CRI": "kubernetes CRI",
 }
 
 

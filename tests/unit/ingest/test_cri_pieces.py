@@ -1,0 +1,146 @@
+"""A Kubernetes node's container logs (the CRI logging format of containerd and CRI-O): the
+runtime cuts a line longer than its limit into ``P`` pieces ended by an ``F`` piece, at a byte
+count (inside a UTF-8 character too). Every example and spec file so cut must read as the
+file itself; cut lines are joined across blocks, chunks and incremental runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.ingest import IngestOptions, IngestState, ingest_paths
+from pipeline.ingest.lines import LineReader
+from pipeline.ingest.summary import TOO_LONG, Rejects
+from tests.unit.ingest.alike import EXAMPLES, FILES, assert_read_alike, read_pair
+
+OPTIONS = IngestOptions(year=2025)
+CRI = "kubernetes CRI"
+V011 = EXAMPLES / "vllm-v0.11.txt"
+
+
+def _stamp(i: int) -> bytes:
+    return b"2025-06-03T09:42:%02d.%09dZ" % (i % 60, i)
+
+
+def cri_line(line: bytes, piece: int, stream: bytes = b"stdout", i: int = 0) -> bytes:
+    """``line`` as the runtime writes it: pieces of ``piece`` bytes (the last one ``F``)."""
+    cuts = list(range(0, len(line), piece)) or [0]
+    pieces = [line[a : a + piece] for a in cuts]
+    tags = [b"P"] * (len(pieces) - 1) + [b"F"]
+    return b"".join(
+        b"%s %s %s %s\n" % (_stamp(i + k), stream, tag, text)
+        for k, (tag, text) in enumerate(zip(tags, pieces, strict=True))
+    )
+
+
+def cri_file(data: bytes, piece: int) -> bytes:
+    """Every line of ``data`` cut into pieces (stdout and stderr lines alternate)."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # (the last line's newline ends it: no line after it)
+        lines.pop()
+    return b"".join(
+        cri_line(line.rstrip(b"\r"), piece, b"stderr" if i % 2 else b"stdout", i)
+        for i, line in enumerate(lines)
+    )
+
+
+@pytest.mark.parametrize("piece", [7, 61])  # (7: inside nearly every multi-byte character)
+@pytest.mark.parametrize("source", FILES, ids=lambda p: p.name)
+def test_every_file_reads_the_same_cut_into_pieces(tmp_path, source, piece):
+    clean = source.read_bytes()
+    dirty, plain = read_pair(tmp_path, source.name, clean, cri_file(clean, piece), OPTIONS)
+    assert_read_alike(dirty, plain)
+    assert f"every line starts with a {CRI} prefix" in " ".join(dirty.summary[0].assumptions)
+    assert dirty.summary[0].repaired == plain.summary[0].repaired
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.text(
+            st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), max_size=40
+        ),
+        max_size=12,
+    ),
+    st.integers(1, 9),
+    st.integers(16, 200),
+)
+def test_pieces_join_back_into_their_lines(tmp_path_factory, lines, piece, block):
+    """Whatever the lines, the piece size and the block the reader reads at once."""
+    path = tmp_path_factory.mktemp("cri") / "0.log"
+    path.write_bytes(cri_file(b"".join(line.encode() + b"\n" for line in lines), piece))
+    reader = LineReader(path, Rejects(str(path)), block_bytes=block, line_prefix=CRI)
+    numbered = [(first + k, line) for first, run in reader for k, line in enumerate(run)]
+    assert [line for _, line in numbered] == lines
+    assert [n for n, _ in numbered] == sorted({n for n, _ in numbered})  # numbers only grow
+    assert reader.repaired == 0 and reader.rejects.total == 0
+
+
+def test_pieces_of_two_streams_between_each_other_join_by_stream(tmp_path):
+    out = cri_line(b"INFO stdout line " + b"x" * 30, 10, b"stdout").split(b"\n")
+    err = cri_line(b"WARNING stderr line " + b"y" * 30, 10, b"stderr").split(b"\n")
+    path = tmp_path / "0.log"
+    path.write_bytes(b"\n".join([out[0], err[0], out[1], *err[1:-1], *out[2:]]))
+    reader = LineReader(path, Rejects(str(path)), line_prefix=CRI)
+    lines = [line for _, run in reader for line in run]
+    assert lines == ["WARNING stderr line " + "y" * 30, "INFO stdout line " + "x" * 30]
+
+
+def test_chunks_never_start_inside_a_cut_line(tmp_path):
+    data = V011.read_bytes() * 120
+    path = tmp_path / "0.log"
+    path.write_bytes(cri_file(data, 97))
+    options = IngestOptions(year=2025, chunk_bytes=1 << 16, workers=2)
+    chunked = ingest_paths([path], options)
+    whole = ingest_paths([V011], OPTIONS)
+    assert len(chunked.records) == 120 * len(whole.records)
+    assert chunked.summary[0].rejects.total == 0, chunked.summary[0].rejects.sample_lines()
+
+
+def test_a_line_still_being_written_is_read_once_it_is_whole(tmp_path):
+    """An incremental run stops before the pieces of a line whose last piece is not written
+    yet; the next run reads the line whole, and no line twice."""
+    text = V011.read_bytes().split(b"\n")
+    path, state = tmp_path / "0.log", IngestState()
+    received = next(i for i, line in enumerate(text) if b"Received request" in line)
+    head = cri_file(b"".join(line + b"\n" for line in text[:received]), 40)
+    cut = cri_line(text[received], 40).split(b"\n")
+    path.write_bytes(head + b"\n".join(cut[:-2]) + b"\n")  # the line's pieces but its last
+    first = ingest_paths([path], OPTIONS, state)
+    assert first.summary[0].rejects.total == 0
+    with open(path, "ab") as log:
+        log.write(cut[-2] + b"\n" + cri_file(b"\n".join(text[received + 1 :]), 40))
+    second = ingest_paths([path], OPTIONS, state)
+    assert second.summary[0].rejects.total == 0, second.summary[0].rejects.sample_lines()
+    plain = ingest_paths([V011], OPTIONS)
+    both = pd.concat([first.records, second.records], ignore_index=True)
+    pd.testing.assert_frame_equal(both.sort_values("ts", kind="stable", ignore_index=True),
+                                  plain.records)  # fmt: skip
+    assert first.summary[0].lines + second.summary[0].lines == cri_file(
+        V011.read_bytes(), 40
+    ).count(b"\n")
+
+
+def test_a_cut_line_past_the_cap_costs_itself(tmp_path):
+    lines = V011.read_bytes().split(b"\n")
+    long = b"INFO 10-03 10:00:00 [logger.py:1] " + b"z" * 5000
+    path = tmp_path / "0.log"
+    path.write_bytes(cri_file(b"\n".join([*lines[:3], long, *lines[3:]]), 100))
+    options = IngestOptions(year=2025, max_line_bytes=4096)
+    result = ingest_paths([path], options)
+    assert result.summary[0].rejects.counts == {TOO_LONG: 1}
+    pd.testing.assert_frame_equal(result.records, ingest_paths([V011], OPTIONS).records)
+
+
+def test_a_file_that_ends_inside_a_cut_line_reads_what_there_is(tmp_path: Path):
+    lines = V011.read_bytes().split(b"\n")
+    path = tmp_path / "0.log"
+    path.write_bytes(cri_file(b"\n".join(lines[:4]) + b"\n", 30) + cri_line(b"INFO x" * 20, 30)
+                     .split(b"\n")[0] + b"\n")  # fmt: skip
+    reader = LineReader(path, Rejects(str(path)), line_prefix=CRI)
+    read = [line for _, run in reader for line in run]
+    assert read[:4] == [line.decode() for line in lines[:4]] and read[4] == "INFO x" * 5
