@@ -16,7 +16,10 @@ Logs often reach prewarm through the tool that ran the engine rather than straig
   (``2025-06-03T09:42:00.118204123Z stdout F ``). The runtime cuts a line longer than its
   ``max_container_log_line_size`` (16 KiB by default: a vLLM request line with a long
   prompt) into pieces tagged ``P``, the last one ``F``: :class:`PieceJoiner` puts them back
-  together, one line again, numbered as its last piece.
+  together, one line again, numbered as its last piece;
+* Docker's default logging driver (``json-file``: the files under
+  ``/var/lib/docker/containers``) a JSON object per line, the line in its ``log`` field; a line
+  longer than 16 KiB comes in pieces whose ``log`` has no newline, joined the same way.
 
 A file's prefix is found from its head (:func:`pipeline.ingest.detect.detect`): the one that
 makes the most head lines read as a format, when it precedes nearly all of them. Each line
@@ -29,6 +32,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
+
+import msgspec
 
 from pipeline.ingest.summary import TOO_LONG, Rejects
 
@@ -49,8 +54,14 @@ _CRI = (
     r"(?P<stream>stdout|stderr) (?P<tag>[FP])(?::\S*)?(?: |$)"
 )
 
+#: Docker's default logging driver (json-file: ``/var/lib/docker/containers/<id>/*-json.log``)
+#: writes each line as a JSON object, the line with its newline in ``log`` (a piece of a line
+#: longer than 16 KiB: no newline)
+_DOCKER_JSON = r'\{"log":"'
+
 #: name -> the prefix at the start of a line, longest combinations first
 LINE_PREFIXES: dict[str, str] = {
+    "docker json-file": _DOCKER_JSON,
     "kubernetes CRI": _CRI,
     "docker compose, timestamps": _COMPOSE + _STAMP,
     "docker compose": _COMPOSE,
@@ -60,7 +71,7 @@ LINE_PREFIXES: dict[str, str] = {
     "journalctl": _JOURNAL,
 }
 #: the prefixes whose lines may be pieces of one longer line
-PIECED = frozenset({"kubernetes CRI"})
+PIECED = frozenset({"kubernetes CRI", "docker json-file"})
 #: the share of a head's lines a prefix must start for the file to be read as prefixed
 SHARE = 0.9
 
@@ -72,13 +83,59 @@ def pattern(name: str) -> re.Pattern[str]:
 
 
 def stripped(lines: Sequence[str], name: str) -> list[str]:
-    """``lines`` without the prefix ``name`` where they start with it."""
+    """``lines`` without the prefix ``name`` where they start with it (under a runtime that
+    cuts long lines: each piece's own text)."""
+    if name in PIECED:
+        read = piece_reader(name)
+        return [piece[0] if (piece := read(line)) is not None else line for line in lines]
     match = pattern(name).match
     out = []
     for line in lines:
         found = match(line)
         out.append(line[found.end() :] if found is not None else line)
     return out
+
+
+#: a line of a runtime that cuts long lines: its text, its stream, whether more pieces follow
+Piece = tuple[str, str, bool]
+
+
+def piece_reader(name: str) -> Callable[[str], Piece | None]:
+    """How a line under the prefix ``name`` (of :data:`PIECED`) is read (``None``: a line
+    without it)."""
+    return _cri_piece if name == "kubernetes CRI" else _docker_piece
+
+
+def _cri_piece(line: str) -> Piece | None:
+    found = pattern("kubernetes CRI").match(line)
+    if found is None:
+        return None
+    return line[found.end() :], found.group("stream"), found.group("tag") == "P"
+
+
+class _DockerEntry(msgspec.Struct):
+    log: str
+    stream: str = ""
+
+
+_DOCKER_DECODER = msgspec.json.Decoder(_DockerEntry)
+#: a code point JSON can escape that UTF-8 cannot hold (a lone surrogate)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _docker_piece(line: str) -> Piece | None:
+    if not line.startswith('{"log":"'):
+        return None
+    try:
+        entry = _DOCKER_DECODER.decode(line)
+    except msgspec.DecodeError:  # (not JSON, or not Docker's: read as it is)
+        return None
+    text = entry.log
+    if _SURROGATE.search(text) is not None:  # (Docker writes none; a forged line might)
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if not text.endswith("\n"):
+        return text, entry.stream, True
+    return text[:-1].removesuffix("\r"), entry.stream, False
 
 
 def unprefixed(lines: Sequence[str], name: str) -> list[str]:
@@ -105,10 +162,10 @@ def candidates(lines: Sequence[str]) -> list[str]:
 def may_continue(previous: str | None, name: str | None) -> bool:
     """Whether the line after ``previous`` (``None``: not known) may be a later piece of it,
     under the prefix ``name``: never but where the runtime cuts long lines into pieces."""
-    if name not in PIECED:
+    if name is None or name not in PIECED:
         return False
-    found = pattern(name).match(previous) if previous is not None else None
-    return previous is None or (found is not None and found.group("tag") == "P")
+    piece = piece_reader(name)(previous) if previous is not None else None
+    return previous is None or (piece is not None and piece[2])
 
 
 #: counts a rejected line: reason, line number, sample
@@ -127,7 +184,7 @@ class PieceJoiner:
     """
 
     def __init__(self, name: str, max_chars: int, reject: Reject) -> None:
-        self.match = pattern(name).match
+        self.read = piece_reader(name)
         self.max_chars = max_chars
         #: counts a line passing the cap (the reader's rejects of the moment)
         self.reject = reject
@@ -164,13 +221,13 @@ class PieceJoiner:
         run: list[str] = []
         start = line_no
         for i, line in enumerate(lines):
-            found = self.match(line)
-            if found is None:  # (a line without the prefix is read as it is)
+            piece = self.read(line)
+            if piece is None:  # (a line without the prefix is read as it is)
                 run.append(self._mend(line) if escaped else line)
                 continue
-            text, stream = line[found.end() :], found.group("stream")
+            text, stream, more = piece
             whole = None
-            if found.group("tag") == "P":
+            if more:
                 self._hold(stream, text, line, line_no + i)
             else:
                 whole = self._joined(stream, text, line_no + i)
