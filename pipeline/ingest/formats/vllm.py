@@ -109,6 +109,17 @@ def detect_cap(chunks: Sequence[ChunkResult], options: IngestOptions) -> int | N
     return None
 
 
+def cap_facts(
+    chunks: Sequence[ChunkResult], options: IngestOptions
+) -> tuple[int | None, tuple[str, ...]]:
+    """``--max-log-len`` (:func:`detect_cap`) and the assumption it makes, if any."""
+    cap = detect_cap(chunks, options)
+    if cap is None:
+        return None, ()
+    how = "given" if options.max_log_len is not None else "detected"
+    return cap, (f"--max-log-len {cap} ({how}): prompts of that length are cut",)
+
+
 def mark_truncation(frame: pd.DataFrame, cap: int | None) -> None:
     """``prompt_truncated``, and ``prompt_tokens`` from the printed ids unless they were cut;
     a cut prompt's last whole block may hold a cut pseudo-token: it is not a real prefix."""
@@ -162,11 +173,8 @@ class VllmFormat(LogFormat):
     ) -> FileFacts:
         bases, note = year_bases(chunks, options, mtime)
         notes = [note] if any(c.first_ts for c in chunks) else []
-        cap = detect_cap(chunks, options)
-        if cap is not None:
-            how = "given" if options.max_log_len is not None else "detected"
-            notes.append(f"--max-log-len {cap} ({how}): prompts of that length are cut")
-        return FileFacts(tuple(bases), cap, tuple(notes))
+        cap, cap_notes = cap_facts(chunks, options)
+        return FileFacts(tuple(bases), cap, (*notes, *cap_notes))
 
     def resolve_ts(
         self,
