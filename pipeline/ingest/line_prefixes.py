@@ -265,7 +265,9 @@ class PieceJoiner:
 
     def _hold(self, stream: str, text: str, line: str, line_no: int) -> None:
         size, count = self.held.get(stream, (0, 0))
-        self.held[stream] = (size + len(line.encode("utf-8", "surrogatepass")) + 1, count + 1)
+        # the line's bytes as read (surrogate escapes back to theirs) and its "\n" (runtimes
+        # end their lines so)
+        self.held[stream] = (size + len(line.encode("utf-8", "surrogateescape")) + 1, count + 1)
         if stream in self.dropping:
             return
         pieces = self.pieces.setdefault(stream, [])

@@ -178,3 +178,20 @@ def test_a_file_that_ends_inside_a_cut_line_reads_what_there_is(tmp_path: Path):
     reader = LineReader(path, Rejects(str(path)), line_prefix=CRI)
     read = [line for _, run in reader for line in run]
     assert read[:4] == [line.decode() for line in lines[:4]] and read[4] == "INFO x" * 5
+
+
+def test_a_held_piece_cut_inside_a_character_is_left_for_the_next_run(tmp_path):
+    """The held pieces' bytes are counted as the file has them (half a character included), so
+    the next run starts at the first piece, and the character comes out whole."""
+    line = "INFO 10-03 10:00:00 [logger.py:1] café " * 3
+    pieces = cri_line(line.encode(), 29).split(b"\n")[:-1]  # byte 29 is inside the first "é"
+    path, state = tmp_path / "0.log", IngestState()
+    path.write_bytes(b"\n".join(pieces[:-1]) + b"\n")
+    first = ingest_paths([path], OPTIONS, state)
+    assert first.summary[0].lines == 0 and first.summary[0].rejects.total == 0
+    assert state.files[str(path)].offset == 0
+    with open(path, "ab") as log:
+        log.write(pieces[-1] + b"\n")
+    reader = LineReader(path, Rejects(str(path)), line_prefix=CRI)
+    assert [text for _, run in reader for text in run] == [line]
+    assert reader.repaired == 0

@@ -4,16 +4,20 @@ zone given; its own times (year included) are used; bad lines cost themselves.""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.detect import detect_format
-from tests.unit.ingest.alike import FILES
+from tests.unit.ingest.alike import FILES, assert_read_alike
 
 VLLM_FILES = [p for p in FILES if detect_format(p) == "vllm"]
 OPTIONS = IngestOptions(year=2025)
@@ -105,3 +109,40 @@ def test_bad_lines_cost_themselves(tmp_path):
     clean = ingest_paths([clean_path], OPTIONS)
     pd.testing.assert_frame_equal(dirty.records, clean.records)
     assert dirty.summary[0].rejects.total == len(bad)
+
+
+#: garbage a line of the OTel form can be next to: bytes that are no UTF-8, a blank line, a
+#: lone ``\r``, a line past the cap, a cut-off copy of one of the file's own lines
+_CAP = 32 << 10
+_GARBAGE = st.one_of(
+    st.binary(max_size=60).map(lambda b: b"\xff" + b.replace(b"\n", b"").replace(b"\r", b"")),
+    st.just(b""), st.just(b"\r"), st.just(b"{" * (_CAP + 10)), st.just(b"note: not json"),
+)  # fmt: skip
+
+
+@functools.cache
+def _otel_lines(source: Path) -> list[bytes]:
+    text, _ = otel_log(source.read_text(encoding="utf-8", errors="replace"))
+    return text.encode().split(b"\n")[:-1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(VLLM_FILES), st.data())
+def test_garbage_between_the_lines_costs_itself(tmp_path_factory, source, data):
+    lines = _otel_lines(source)
+    out, garbage = [], 0
+    for line in [*lines, None]:
+        cut = st.sampled_from(lines).flatmap(lambda x: st.integers(1, max(1, len(x) - 1)).map(
+            lambda n, x=x: x[:n]))  # fmt: skip
+        extra = data.draw(st.lists(st.one_of(_GARBAGE, cut), max_size=2))
+        out.extend(extra)
+        garbage += len(extra)
+        if line is not None:
+            out.append(line)
+    folder = tmp_path_factory.mktemp("otel")
+    clean, dirty = folder / "clean" / source.name, folder / "dirty" / source.name
+    for path, body in ((clean, lines), (dirty, out)):
+        path.parent.mkdir()
+        path.write_bytes(b"".join(line + b"\n" for line in body))
+    options = IngestOptions(year=2025, max_line_bytes=_CAP)
+    assert_read_alike(ingest_paths([dirty], options), ingest_paths([clean], options), garbage)
