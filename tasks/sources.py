@@ -77,8 +77,9 @@ def source_files(source: SourceSettings) -> list[Path]:
     return [path] if path.is_file() else []
 
 
-def ingest_reader(fmt: str | None) -> Reader:
-    """A reader through prewarm's ingest, with the format fixed (or detected per file)."""
+def ingest_reader(fmt: str | None, log_source: str | None = None) -> Reader:
+    """A reader through prewarm's ingest, with the format fixed (or detected per file, among
+    the formats of ``log_source`` when given: an engine's forms of its log)."""
 
     def read(
         files: list[Path],
@@ -88,8 +89,8 @@ def ingest_reader(fmt: str | None) -> Reader:
         state: IngestState,
     ) -> IngestResult:
         options = IngestOptions(
-            format=fmt, tz=source.tz, year=source.year, model=engine.model,
-            window=f"{settings.schedule.window_s}s",
+            format=fmt, source=log_source, tz=source.tz, year=source.year,
+            model=engine.model, window=f"{settings.schedule.window_s}s",
         )  # fmt: skip
         return ingest_paths(files, options, state)
 
@@ -98,7 +99,7 @@ def ingest_reader(fmt: str | None) -> Reader:
 
 #: kind → reader; a new kind of source registers its reader here (``register_reader``).
 READERS: dict[str, Reader] = {
-    "vllm-log": ingest_reader("vllm"),
+    "vllm-log": ingest_reader(None, "vllm"),  # its text or OTel JSON form, per file
     "tgi-log": ingest_reader(None),
     "jsonl": ingest_reader("prewarm-jsonl"),
     "trace": ingest_reader(None),

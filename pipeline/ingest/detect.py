@@ -40,15 +40,20 @@ def detect_format(path: str | Path) -> str | None:
     return detect(path)[0]
 
 
-def detect(path: str | Path, fmt: str | None = None) -> tuple[str | None, str | None]:
-    """The most likely format of ``path`` (``fmt`` when given) and the line prefix its lines
-    carry (:mod:`~pipeline.ingest.line_prefixes`; ``None``: none): a prefix is taken when
-    nearly every head line starts with it and more of them read as a format without it."""
+def detect(
+    path: str | Path, fmt: str | None = None, source: str | None = None
+) -> tuple[str | None, str | None]:
+    """The most likely format of ``path`` (``fmt`` when given; with ``source``, one of the
+    formats whose records carry it, the first when none matches) and the line prefix its
+    lines carry (:mod:`~pipeline.ingest.line_prefixes`; ``None``: none): a prefix is taken
+    when nearly every head line starts with it and more of them read as a format without it."""
     path = Path(path)
+    candidates = [formats.get(fmt)] if fmt is not None else formats.of_source(source)
+    if fmt is None and source is not None:
+        fmt = candidates[0].name
     lines = head_lines(path)
     if not lines:
         return fmt, None
-    candidates = formats.all_formats() if fmt is None else [formats.get(fmt)]
     best, prefix = _best(lines, path, candidates), None
     for name in line_prefixes.candidates(lines):  # longest first: the first of equals wins
         found = _best(_unprefixed(path, lines, name), path, candidates)

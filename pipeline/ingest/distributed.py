@@ -44,7 +44,7 @@ def plan_file_chunks(
 ) -> tuple[str, str | None, list[dict[str, Any]]]:
     """Identity, format and chunk specs (as dicts, for task messages) of one file."""
     path = Path(path)
-    fmt, line_prefix = detect(path, options.format)
+    fmt, line_prefix = detect(path, options.format, options.source)
     if fmt is None:
         return file_identity(path), None, []
     specs = plan_chunks(path, fmt, options.chunk_bytes, line_prefix=line_prefix)

@@ -24,7 +24,9 @@ class IngestOptions:
     file, a month that falls back by more than six months starts the next year.
 
     ``block_size``: tokens per prefix block (pseudo-tokens for text, real ids for token-id
-    prompts). ``format`` overrides detection for every path. ``max_log_len``: the vLLM
+    prompts). ``format`` overrides detection for every path; ``source`` keeps detection to
+    the formats whose records carry that source (``"vllm"``: vLLM's text and OTel JSON forms),
+    the first of them when none matches. ``max_log_len``: the vLLM
     ``--max-log-len`` the server ran with, when known (else detected from prompts whose
     length equals their token-id list's). ``model`` / ``tenant`` fill those fields for log
     records, which do not carry them. ``workers``: processes for chunks of large files (1 =
@@ -39,6 +41,7 @@ class IngestOptions:
     tz: str = "UTC"
     block_size: int = DEFAULT_BLOCK_SIZE
     format: str | None = None
+    source: str | None = None
     max_log_len: int | None = None
     model: str | None = None
     tenant: str | None = None

@@ -152,7 +152,7 @@ def plan_file(path: Path, options: IngestOptions, state: IngestState | None) -> 
         file_state, note = state.resume(path)
     else:
         file_state, note = identify(path), "whole file"
-    fmt, line_prefix = detect(path, options.format or file_state.format)
+    fmt, line_prefix = detect(path, options.format or file_state.format, options.source)
     file_state.format = fmt
     plan = FilePlan(path, fmt, file_state, note)
     if fmt is not None and file_state.size > 0:
@@ -450,6 +450,7 @@ def run_ingest(
     """Ingest ``paths`` into ``sink``; return one summary per file (``state`` updated)."""
     if options.format is not None:
         formats.get(options.format)  # a BadInputError naming the known formats
+    formats.of_source(options.source)  # (one naming the known sources)
     _check_tz(options.tz)
     files, skipped = find_inputs(paths)
     plans = [plan_file(p, options, state) for p in files]

@@ -31,6 +31,7 @@ __all__ = [
     "all_formats",
     "get",
     "names",
+    "of_source",
 ]
 
 
@@ -46,6 +47,16 @@ def _registry() -> Registry:
 def all_formats() -> list[InputFormat]:
     """Every format, in detection order."""
     return list(_registry().formats.values())
+
+
+def of_source(source: str | None) -> list[InputFormat]:
+    """The formats whose records carry ``source`` (every format for ``None``), in detection
+    order; a :class:`BadInputError` naming the known sources when none does."""
+    found = [f for f in all_formats() if source is None or f.source == source]
+    if not found:
+        known = sorted({f.source for f in all_formats()})
+        raise BadInputError(f"unknown source {source!r}; one of {known}", where="source")
+    return found
 
 
 def names() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.detect import detect_format
 from tests.unit.ingest.alike import FILES, assert_read_alike
@@ -146,3 +147,19 @@ def test_garbage_between_the_lines_costs_itself(tmp_path_factory, source, data):
         path.write_bytes(b"".join(line + b"\n" for line in body))
     options = IngestOptions(year=2025, max_line_bytes=_CAP)
     assert_read_alike(ingest_paths([dirty], options), ingest_paths([clean], options), garbage)
+
+
+def test_a_vllm_source_reads_either_form_of_its_log(tmp_path):
+    """A ``vllm-log`` source (``source="vllm"``) detects vLLM's form per file; a file neither
+    form reads is read as the text form, as that source always was."""
+    source = next(p for p in VLLM_FILES if p.name == "vllm-v0.11.txt")
+    otel = tmp_path / "otel.log"
+    otel.write_text(otel_log(source.read_text())[0])
+    unknown = tmp_path / "startup.log"
+    unknown.write_text("Traceback (most recent call last):\n  nothing yet\n")
+    options = IngestOptions(year=2025, source="vllm")
+    summaries = ingest_paths([otel, source, unknown], options).summary
+    assert [s.format for s in summaries] == ["vllm-otel-json", "vllm", "vllm"]
+    assert [s.records for s in summaries] == [5, 5, 0]
+    with pytest.raises(BadInputError, match="unknown source"):
+        ingest_paths([source], IngestOptions(source="sglang"))
