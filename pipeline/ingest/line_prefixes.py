@@ -159,15 +159,6 @@ def candidates(lines: Sequence[str]) -> list[str]:
     ]
 
 
-def may_continue(previous: str | None, name: str | None) -> bool:
-    """Whether the line after ``previous`` (``None``: not known) may be a later piece of it,
-    under the prefix ``name``: never but where the runtime cuts long lines into pieces."""
-    if name is None or name not in PIECED:
-        return False
-    piece = piece_reader(name)(previous) if previous is not None else None
-    return previous is None or (piece is not None and piece[2])
-
-
 #: counts a rejected line: reason, line number, sample
 Reject = Callable[[str, int, str], None]
 #: a byte that is no UTF-8, decoded with ``surrogateescape``

@@ -30,6 +30,9 @@ from pipeline.records import HASHES_TYPE, RECORD_DTYPES, hashes_column
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
+#: how far before a planned cut a runtime's pieces of long lines are followed (64 pieces of
+#: 16 KiB: a line of a 1 MiB prompt)
+_PIECES_BACK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -51,21 +54,31 @@ class ChunkSpec:
 def _next_boundary(
     path: Path, log_format: LogFormat, offset: int, line_prefix: str | None = None
 ) -> int | None:
-    """The first line (event) start at or after ``offset``; ``None`` if none close by."""
+    """The first line (event) start at or after ``offset``; ``None`` if none close by. Under a
+    runtime that cuts long lines into pieces, never inside such a line: each stream's pieces
+    are followed from :data:`_PIECES_BACK` before ``offset`` (another stream's lines may lie
+    between a line's pieces)."""
+    read_piece = None
+    if line_prefix is not None and line_prefix in line_prefixes.PIECED:
+        read_piece = line_prefixes.piece_reader(line_prefix)
+    pieced = read_piece is not None
+    begin = max(0, offset - 1 - (_PIECES_BACK if pieced else 0))
     with open(path, "rb") as handle:
-        handle.seek(max(0, offset - 1))
-        data = handle.read(_BOUNDARY_SCAN)
+        handle.seek(begin)
+        data = handle.read(_BOUNDARY_SCAN + max(0, offset - 1) - begin)
+    if pieced and begin == 0:  # the file's first line is followed too
+        data, begin = b"\n" + data, -1
+    cut: set[str] = set()  # the streams inside a line cut into pieces
     pos = data.find(b"\n")
-    previous: str | None = None  # the line before (unknown for the first one looked at)
     while 0 <= pos < len(data) - 1:
         end = data.find(b"\n", pos + 1)
         whole = data[pos + 1 : end if end >= 0 else len(data)].decode("utf-8", "replace")
-        line = whole
-        if line_prefix is not None:
-            (line,) = line_prefixes.stripped([whole], line_prefix)
-        if not line_prefixes.may_continue(previous, line_prefix) and log_format.starts_record(line):
-            return max(0, offset - 1) + pos + 1
-        previous = whole
+        if begin + pos + 1 >= offset and not cut:
+            line = whole if line_prefix is None else line_prefixes.stripped([whole], line_prefix)[0]
+            if log_format.starts_record(line):
+                return begin + pos + 1
+        if read_piece is not None and (piece := read_piece(whole)) is not None:
+            (cut.add if piece[2] else cut.discard)(piece[1])
         if end < 0:
             return None
         pos = end

@@ -195,3 +195,21 @@ def test_a_held_piece_cut_inside_a_character_is_left_for_the_next_run(tmp_path):
     reader = LineReader(path, Rejects(str(path)), line_prefix=CRI)
     assert [text for _, run in reader for text in run] == [line]
     assert reader.repaired == 0
+
+
+def test_chunks_never_start_inside_a_line_whose_pieces_another_stream_interleaves(tmp_path):
+    """stdout's pieces with stderr lines between them: a chunk boundary after a stderr line
+    may still be inside a stdout line (its pieces before and after)."""
+    warning = b"WARNING 10-03 16:20:12 [x.py:1] a warning between pieces"
+    out = []
+    for i, line in enumerate((V011.read_bytes() * 120).split(b"\n")[:-1]):
+        pieces = cri_line(line, 50, b"stdout", i).split(b"\n")[:-1]
+        for piece in pieces:
+            out.extend([piece, cri_line(warning, 500, b"stderr", i).rstrip(b"\n")])
+    path = tmp_path / "0.log"
+    path.write_bytes(b"\n".join(out) + b"\n")
+    options = IngestOptions(year=2025, chunk_bytes=1 << 16, workers=2)
+    chunked = ingest_paths([path], options)
+    whole = ingest_paths([V011], OPTIONS)
+    assert chunked.summary[0].rejects.total == 0, chunked.summary[0].rejects.sample_lines()
+    assert len(chunked.records) == 120 * len(whole.records)
