@@ -22,17 +22,15 @@ FORMATS = formats.names()
 LOG_FORMATS = tuple(f.name for f in formats.all_formats() if isinstance(f, formats.LogFormat))
 
 
-def head_lines(path: Path, limit: int = SAMPLE_LINES, colours: bool = False) -> list[str]:
-    """The first non-blank lines of a file, ANSI codes (unless ``colours``) and a byte-order
-    mark stripped, bad bytes replaced."""
+def _head(path: Path) -> list[str]:
+    """The lines of a file's head as they are (bad bytes replaced, no byte-order mark)."""
     text = read_head(path, HEAD_BYTES).decode("utf-8", "replace").removeprefix("\ufeff")
-    lines = [line.rstrip("\r") for line in text.split("\n")[:-1] or [text]]
-    return _plain(lines, colours)[:limit]
+    return [line.rstrip("\r") for line in text.split("\n")[:-1] or [text]]
 
 
-def _plain(lines: list[str], colours: bool = False) -> list[str]:
-    """``lines`` without ANSI codes (unless ``colours``), blank ones left out."""
-    return [line if colours else ANSI.sub("", line) for line in lines if line.strip()]
+def _plain(lines: list[str]) -> list[str]:
+    """``lines`` without ANSI codes, blank ones left out."""
+    return [plain for line in lines if (plain := ANSI.sub("", line)).strip()]
 
 
 def detect_format(path: str | Path) -> str | None:
@@ -51,25 +49,27 @@ def detect(
     candidates = [formats.get(fmt)] if fmt is not None else formats.of_source(source)
     if fmt is None and source is not None:
         fmt = candidates[0].name
-    lines = head_lines(path)
+    head = _head(path)
+    lines = _plain(head)[:SAMPLE_LINES]
     if not lines:
         return fmt, None
     best, prefix = _best(lines, path, candidates), None
     for name in line_prefixes.candidates(lines):  # longest first: the first of equals wins
-        found = _best(_unprefixed(path, lines, name), path, candidates)
+        found = _best(_unprefixed(head, lines, name), path, candidates)
         # alike without a prefix: the lines read the same either way (the prefix is taken)
         if found[0] > 0 and (found > best or (found == best and prefix is None)):
             best, prefix = found, name
     return (best[2] if best[0] > 0 else fmt), prefix
 
 
-def _unprefixed(path: Path, lines: list[str], name: str) -> list[str]:
+def _unprefixed(head: list[str], lines: list[str], name: str) -> list[str]:
     """The head ``lines`` without the prefix ``name``; under a runtime that cuts long lines,
-    the pieces of the head's own lines joined first (a colour code may lie in two pieces)."""
+    the pieces of the ``head`` they came from joined first (a colour code may lie in two
+    pieces)."""
     if name not in line_prefixes.PIECED:
         return line_prefixes.stripped(lines, name)
-    whole = line_prefixes.unprefixed(head_lines(path, len(lines), colours=True), name)
-    return _plain(whole)
+    pieces = [line for line in head if line.strip()][: len(lines)]
+    return _plain(line_prefixes.unprefixed(pieces, name))
 
 
 def _best(

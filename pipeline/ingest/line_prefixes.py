@@ -70,8 +70,6 @@ LINE_PREFIXES: dict[str, str] = {
     "runtime timestamps": _STAMP,
     "journalctl": _JOURNAL,
 }
-#: the prefixes whose lines may be pieces of one longer line
-PIECED = frozenset({"kubernetes CRI", "docker json-file"})
 #: the share of a head's lines a prefix must start for the file to be read as prefixed
 SHARE = 0.9
 
@@ -85,8 +83,8 @@ def pattern(name: str) -> re.Pattern[str]:
 def stripped(lines: Sequence[str], name: str) -> list[str]:
     """``lines`` without the prefix ``name`` where they start with it (under a runtime that
     cuts long lines: each piece's own text)."""
-    if name in PIECED:
-        read = piece_reader(name)
+    read = piece_reader(name)
+    if read is not None:
         return [piece[0] if (piece := read(line)) is not None else line for line in lines]
     match = pattern(name).match
     out = []
@@ -100,10 +98,10 @@ def stripped(lines: Sequence[str], name: str) -> list[str]:
 Piece = tuple[str, str, bool]
 
 
-def piece_reader(name: str) -> Callable[[str], Piece | None]:
-    """How a line under the prefix ``name`` (of :data:`PIECED`) is read (``None``: a line
-    without it)."""
-    return _cri_piece if name == "kubernetes CRI" else _docker_piece
+def piece_reader(name: str | None) -> Callable[[str], Piece | None] | None:
+    """How a line under the prefix ``name`` is read, as a piece (the reader gives ``None`` for
+    a line without the prefix); ``None`` where the runtime cuts no line into pieces."""
+    return _PIECE_READERS.get(name) if name is not None else None
 
 
 def _cri_piece(line: str) -> Piece | None:
@@ -136,6 +134,15 @@ def _docker_piece(line: str) -> Piece | None:
     if not text.endswith("\n"):
         return text, entry.stream, True
     return text[:-1].removesuffix("\r"), entry.stream, False
+
+
+#: the runtimes that cut long lines into pieces: how each one's lines are read
+_PIECE_READERS: dict[str, Callable[[str], Piece | None]] = {
+    "kubernetes CRI": _cri_piece,
+    "docker json-file": _docker_piece,
+}
+#: the prefixes whose lines may be pieces of one longer line
+PIECED = frozenset(_PIECE_READERS)
 
 
 def unprefixed(lines: Sequence[str], name: str) -> list[str]:
@@ -175,7 +182,7 @@ class PieceJoiner:
     """
 
     def __init__(self, name: str, max_chars: int, reject: Reject) -> None:
-        self.read = piece_reader(name)
+        self.read = _PIECE_READERS[name]
         self.max_chars = max_chars
         #: counts a line passing the cap (the reader's rejects of the moment)
         self.reject = reject

@@ -58,15 +58,12 @@ def _next_boundary(
     runtime that cuts long lines into pieces, never inside such a line: each stream's pieces
     are followed from :data:`_PIECES_BACK` before ``offset`` (another stream's lines may lie
     between a line's pieces)."""
-    read_piece = None
-    if line_prefix is not None and line_prefix in line_prefixes.PIECED:
-        read_piece = line_prefixes.piece_reader(line_prefix)
-    pieced = read_piece is not None
-    begin = max(0, offset - 1 - (_PIECES_BACK if pieced else 0))
+    read_piece = line_prefixes.piece_reader(line_prefix)
+    begin = max(0, offset - 1 - (0 if read_piece is None else _PIECES_BACK))
     with open(path, "rb") as handle:
         handle.seek(begin)
         data = handle.read(_BOUNDARY_SCAN + max(0, offset - 1) - begin)
-    if pieced and begin == 0:  # the file's first line is followed too
+    if read_piece is not None and begin == 0:  # the file's first line is followed too
         data, begin = b"\n" + data, -1
     cut: set[str] = set()  # the streams inside a line cut into pieces
     pos = data.find(b"\n")
