@@ -77,20 +77,13 @@ def _plain_str_at(text: str, pos: int, end: int | None) -> tuple[str, int] | Non
 
 
 def _newlines_decoded(body: str) -> str | None:
-    """``body`` with its ``\\n`` escapes decoded; ``None`` if it holds any other escape.
-    (A few ``find`` calls: a two-character ``str.replace`` scans ~3x slower.)"""
-    pieces = []
-    start, at = 0, body.find("\\")
-    while at >= 0:
-        if body[at + 1 : at + 2] != "n":
-            return None
-        pieces.append(body[start:at])
-        start = at + 2
-        at = body.find("\\", start)
-    if not pieces:
+    """``body`` with its ``\\n`` escapes decoded; ``None`` if it holds any other escape (a
+    backslash is left once they are). Three C-level passes whatever the number of escapes
+    (a ``find`` per escape took 2.3 µs on a chat prompt of ~900 characters)."""
+    if "\\" not in body:
         return body
-    pieces.append(body[start:])
-    return "\n".join(pieces)
+    decoded = "\n".join(body.split("\\n"))
+    return None if "\\" in decoded else decoded
 
 
 def decode_python_str(literal: str) -> str:

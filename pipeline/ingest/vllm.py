@@ -20,6 +20,7 @@ from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.reprs import (
     python_str_at,
 )
+from pipeline.ingest.vllm_columnar import served_access_lines
 from pipeline.ingest.vllm_fields import (
     endpoint_of,
     sampling_fields,
@@ -83,6 +84,8 @@ _TOKENIZER_LINES = (
     "Received request detokenize-", "Request detokenize-",
 )  # fmt: skip
 BLANK = "blank line"
+#: what a served request's access line counts as (the request is joined by its id)
+ACCESS_OK_LINE = "access line (joined by id only)"
 CUT_OFF = "cut-off line"
 #: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
 _HASH_CACHE_SIZE = 4096
@@ -105,6 +108,33 @@ def whole_value(value: str) -> bool:
     if value[0] == "[" and value.find("[", 1) < 0 and "(" not in value and ")" not in value:
         return value.find("]") == len(value) - 1  # a flat list (``find`` beats ``count`` 10x)
     return value.count("[") == value.count("]") and value.count("(") == value.count(")")
+
+
+#: what may follow a prompt's token-id list for it to be the list the tail keys find (they
+#: are found from the right: a key inside a later value would move it)
+_AFTER_IDS = frozenset(
+    f"{embeds}{lora}{adapter}"
+    for embeds in ("", ", prompt_embeds shape: None")
+    for lora in ("", ", lora_request: None")
+    for adapter in ("", ", prompt_adapter_request: None")
+)
+_IDS_KEY = ", prompt_token_ids: ["
+
+
+def without_token_ids(rest: str) -> tuple[str, int | None]:
+    """What follows a prompt with its flat token-id list printed as ``[]`` (requests that
+    differ only by their ids then share one read), and the list's count; ``rest`` and None
+    when it holds no such list as its last part (read whole then). Both read alike: the list
+    is whole either way, and holds no key the tail keys could find instead."""
+    at = rest.rfind(_IDS_KEY)
+    close = rest.find("]", at) if at >= 0 else -1
+    if close < 0 or rest[close + 1 :] not in _AFTER_IDS:
+        return rest, None
+    body = rest[at + len(_IDS_KEY) : close]
+    if "[" in body or "(" in body or ")" in body or ":" in body:  # (nested, or a key inside)
+        return rest, None
+    count = body.count(",") + 1 if body.strip() else 0
+    return f"{rest[:at]}, prompt_token_ids: []{rest[close + 1 :]}", count
 
 
 def cut_looking(prompt: str, ids: int) -> bool:
@@ -166,14 +196,29 @@ class VllmChunkParser:
     # --- the line loop ---------------------------------------------------------------------
 
     def feed(self, first_line: int, lines: Sequence[str]) -> None:
-        """Parse a block of lines numbered from ``first_line``: the usual envelope is read once
-        per distinct text (:meth:`_known_envelope`), every other line by :meth:`_line`."""
+        """Parse a block of lines numbered from ``first_line``: the access lines of served
+        requests are found column-wise (:mod:`~pipeline.ingest.vllm_columnar`) and counted,
+        the usual envelope is read once per distinct text (:meth:`_known_envelope`), every
+        other line by :meth:`_line`."""
         if not self.fast_path:
             for line_no, line in enumerate(lines, first_line):
                 self._line(line, line_no)
             return
-        envelopes = self._envelopes
-        for line_no, line in enumerate(lines, first_line):
+        served = served_access_lines(lines)
+        self._read_block(lines, [False] * len(lines) if served is None else served.tolist(),
+                         first_line)  # fmt: skip
+
+    def _read_block(self, lines: Sequence[str], served: list[bool], first_line: int) -> None:
+        """A block's lines in order: the access lines of served requests (``served``) only
+        counted, the usual envelope read once per distinct text, every other line by
+        :meth:`_line`."""
+        envelopes, rejects, access = self._envelopes, self.out.rejects, 0
+        for line_no, (line, is_access) in enumerate(zip(lines, served, strict=True), first_line):
+            if is_access:
+                if not access:  # (the summary lists the kinds as they were met)
+                    self.out.ignored[ACCESS_OK_LINE] += 0
+                access += 1
+                continue
             cut = line.find("] ") + 2
             found = envelopes.get(head := line[:cut]) if cut > 1 else ()
             if found is None:
@@ -182,8 +227,13 @@ class VllmChunkParser:
                 self._line(line, line_no)
                 continue
             self.line_no = line_no
-            msg = line[cut:]
-            self._enveloped(msg[:-1] if msg.endswith("\r") else msg, found[0], found[1], line_no)
+            msg = line[cut:-1] if line.endswith("\r") else line[cut:]
+            rejected = rejects.count
+            self._message(msg, found[0], found[1], line_no)
+            if rejects.count == rejected:  # (as :meth:`_enveloped`)
+                self._timed(found[1], line_no)
+        if access:
+            self.out.ignored[ACCESS_OK_LINE] += access
 
     def _known_envelope(self, head: str) -> tuple[str, str] | tuple[()]:
         """Level and time of a line whose text up to its first ``"] "`` is ``head``, when the
@@ -225,6 +275,10 @@ class VllmChunkParser:
         self._message(msg, level, ts, line_no)
         if self.out.rejects.count != rejected:
             return
+        self._timed(ts, line_no)
+
+    def _timed(self, ts: str, line_no: int) -> None:
+        """A good line's time: the year's rollovers, and access lines waiting for a time."""
         if ts != self.last_ts:  # a second's lines share one timestamp: track it once
             self.last_ts = ts
             self._track_year(ts, line_no)
@@ -338,14 +392,25 @@ class VllmChunkParser:
             self.out.rejects.add("malformed Received request line", line_no, msg)
             return
         request_id = msg[17:colon]
-        fields: dict[str, Any] = {}
         try:  # read every field before touching the joins: a bad line changes nothing
-            self._received_fields(fields, msg, colon + 2, len(msg) - 1)
+            fields, id_count = self._received_fields(msg, colon + 2, len(msg) - 1)
         except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
             self.out.rejects.add(
                 f"malformed Received request line: {type(exc).__name__}", line_no, msg
             )
             return
+        self._new_head(request_id, fields, ts, line_no, id_count)
+
+    def _new_head(
+        self,
+        request_id: str,
+        fields: dict[str, Any],
+        ts: str,
+        line_no: int,
+        id_count: int | None = None,
+    ) -> None:
+        """A ``Received request`` line's fields joined as the head of its request;
+        ``id_count``: its token ids counted already (the printed ids are not needed then)."""
         record = self.requests.get(request_id)
         if record is not None and (record["_head"] or record.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
@@ -362,27 +427,37 @@ class VllmChunkParser:
         if "prompt" in fields:
             self._set_prompt(record, fields.pop("prompt"))
         record.update(fields)
-        self._set_ids(record, ids)
+        if id_count is None:
+            self._set_ids(record, ids)
+        else:
+            self._set_id_count(record, id_count)
 
-    def _received_fields(self, record: dict[str, Any], msg: str, start: int, end: int) -> None:
-        """Fields of ``msg[start:end]``; raises ``ValueError`` unless the line is whole (a cut
-        line ends inside a value). The prompt comes first and is read first; what follows it
-        (parameters, token ids, adapter) is read once per distinct text: clients repeat theirs.
-        """
+    def _received_fields(self, msg: str, start: int, end: int) -> tuple[dict[str, Any], int | None]:
+        """Fields of ``msg[start:end]``, and the count of its token ids when they were only
+        counted; raises ``ValueError`` unless the line is whole (a cut line ends inside a
+        value). The prompt comes first and is read first; what follows it (parameters, token
+        ids, adapter) is read once per distinct text (clients repeat theirs; a completion's
+        token ids, unique, are counted and left out of that text when its prompt is read)."""
+        fields: dict[str, Any] = {}
         if msg.startswith("prompt: ", start, end):
             found = python_str_at(msg, start + 8, end)
             if found is None:
                 raise ValueError("prompt is not a string literal")
-            record["prompt"], start = found
+            fields["prompt"], start = found
         rest = msg[start:end]
-        fields = self._rest_cache.get(rest)
-        if fields is None:
-            fields = self._after_prompt(rest)
+        read = self._rest_cache.get(rest)
+        id_count = None
+        if read is None and fields.get("prompt") is not None:
+            rest, id_count = without_token_ids(rest)
+            read = self._rest_cache.get(rest)
+        if read is None:
+            read = self._after_prompt(rest)
             if len(rest) <= _CACHED_REST_CHARS:
                 if len(self._rest_cache) >= _HASH_CACHE_SIZE:
                     self._rest_cache.clear()
-                self._rest_cache[rest] = fields
-        record.update(fields)
+                self._rest_cache[rest] = read
+        fields.update(read)
+        return fields, id_count
 
     def _after_prompt(self, rest: str) -> dict[str, Any]:
         """The fields of what follows a ``Received request`` line's prompt (or its id, when it
@@ -430,16 +505,19 @@ class VllmChunkParser:
             return
         body = ids[1 : ids.rfind("]")].strip()
         count = body.count(",") + 1 if body else 0
+        self._set_id_count(record, count)
+        if record.get("prefix_hashes") is None and count >= self.block_size:
+            record["prefix_hashes"] = block_hashes_from_ids(
+                [int(x) for x in body.split(",")], self.block_size
+            )
+
+    def _set_id_count(self, record: dict[str, Any], count: int) -> None:
         record["_ids_len"] = count
         if count > self.out.longest_ids:
             self.out.longest_ids = count
         prompt = record.get("prompt")
         if prompt is not None and len(prompt) == count and cut_looking(prompt, count):
             self.out.cap_evidence[count] += 1
-        if record.get("prefix_hashes") is None and count >= self.block_size:
-            record["prefix_hashes"] = block_hashes_from_ids(
-                [int(x) for x in body.split(",")], self.block_size
-            )
 
     def _sampling(self, record: dict[str, Any], kind: str, body: str) -> None:
         if kind != "SamplingParams":
@@ -549,7 +627,9 @@ class VllmChunkParser:
         if ids is None or not ids.startswith("["):
             return
         body = ids[1 : ids.rfind("]")].strip()
-        count = body.count(",") + 1 if body else 0
+        self._add_output(record, mode, body.count(",") + 1 if body else 0)
+
+    def _add_output(self, record: dict[str, Any], mode: str, count: int) -> None:
         if count > self.out.longest_ids:  # --max-log-len cuts output ids too
             self.out.longest_ids = count
         if mode == "(streaming delta)":
@@ -562,7 +642,7 @@ class VllmChunkParser:
     def _access(self, match: re.Match[str], line_no: int) -> None:
         status = int(match.group("status"))
         if status < 400:
-            self.out.ignored["access line (joined by id only)"] += 1
+            self.out.ignored[ACCESS_OK_LINE] += 1
             return
         kind = "overloaded" if status in (429, 503) else ("rejected" if status < 500 else "failed")
         row = {"request_id": None, "ts": self.last_ts, "_line": line_no, "_head": True,

@@ -1,4 +1,4 @@
-"""The column-wise readers (TGI) and the fast path (vLLM) give, line for line, what the
+"""The column-wise readers (TGI, vLLM) and the fast path (vLLM) give, line for line, what the
 per-line Python path gives."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.loggen import vllm_lines
+from pipeline.ingest import vllm as vllm_module
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser
-from pipeline.ingest.vllm import VllmChunkParser, whole_value
+from pipeline.ingest.vllm import VllmChunkParser, whole_value, without_token_ids
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"
@@ -102,7 +103,7 @@ def test_vllm_files_read_by_the_fast_path_equal_the_per_line_path():
 
 
 class _CountingParser(VllmChunkParser):
-    """A parser that counts the lines its fast path leaves to the per-line path."""
+    """A parser that counts the lines it reads by the per-line path."""
 
     per_line = 0
 
@@ -111,13 +112,16 @@ class _CountingParser(VllmChunkParser):
         super()._line(line, line_no)
 
 
-def test_generated_vllm_lines_are_mostly_read_by_the_fast_path():
+def test_generated_vllm_lines_are_read_by_the_fast_path():
     lines = list(islice(vllm_lines(), 4000))
     result = ChunkResult("x.log", "vllm")
     result.rejects = Rejects("x.log")
     parser = _CountingParser(result, 16, "x.log")
     parser.feed(1, lines)
-    assert parser.per_line == sum(' - "POST ' in line for line in lines)  # access lines
+    assert parser.per_line == 0  # access lines found column-wise, the rest by their envelope
+    assert result.ignored["access line (joined by id only)"] == sum(
+        ' - "POST ' in line for line in lines
+    )
 
 
 #: what lands in a real line, mostly in its envelope: colour codes, a CR, brackets, other
@@ -148,3 +152,48 @@ def test_vllm_lines_read_by_the_fast_path_equal_the_per_line_path(lines):
 def test_whole_values_read_by_find_agree_with_bracket_counts(value):
     closed = value.count("[") == value.count("]") and value.count("(") == value.count(")")
     assert whole_value(value) == (value == "None" or (value.endswith(("]", ")")) and closed))
+
+
+_WITHOUT_TOKEN_IDS = without_token_ids
+#: request lines that print a prompt and its token ids (the ids are counted, not read, when
+#: the rest of the line is read by its text without them)
+_WITH_IDS = [
+    line for line in VLLM_LINES if "Received request" in line and "prompt_token_ids: [" in line
+] + [line for line in islice(vllm_lines(), 400) if "prompt_token_ids: [" in line]
+#: what may land in or after an id list: brackets, keys, other values, cuts
+_ID_NOISE = st.sampled_from(
+    ["", " ", ",", "1", "]", "[", "(", ")", ":", "x", "None", ", lora_request: None",
+     ", prompt_embeds shape: None", ", prompt_adapter_request: None", ", prompt_token_ids: [7]",
+     "LoRARequest(lora_name='a', lora_int_id=1)", "٣", "\u00a0"]
+)  # fmt: skip
+
+
+@st.composite
+def id_list_mutants(draw: st.DrawFn) -> str:
+    """A request line with token ids whose list (or what follows it) is changed."""
+    line = draw(st.sampled_from(_WITH_IDS))
+    start = line.rindex("prompt_token_ids: [") + len("prompt_token_ids: [")
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(start, len(line)))
+        line = line[:at] + draw(_ID_NOISE) + line[at + draw(st.integers(0, 3)) :]
+    return line
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(id_list_mutants(), st.sampled_from(_WITH_IDS)), max_size=12))
+def test_token_ids_counted_apart_read_as_the_whole_rest(lines):
+    got, want = [], []
+    for out, cut in ((got, True), (want, False)):
+        result = ChunkResult("x.log", "vllm")
+        result.rejects = Rejects("x.log")
+        parser = VllmChunkParser(result, 4, "x.log")
+        if not cut:
+            vllm_module.without_token_ids = lambda rest: (rest, None)
+        try:
+            parser.feed(1, lines)
+        finally:
+            vllm_module.without_token_ids = _WITHOUT_TOKEN_IDS
+        parser.finish()
+        out.append((result.heads, result.tails, result.rejects.to_dict(), result.cap_evidence,
+                    result.longest_ids))  # fmt: skip
+    assert got == want
