@@ -87,8 +87,10 @@ BLANK = "blank line"
 #: what a served request's access line counts as (the request is joined by its id)
 ACCESS_OK_LINE = "access line (joined by id only)"
 CUT_OFF = "cut-off line"
-#: prompts printed whole are hashed once; a bounded cache keeps repeated prompts cheap
+#: texts read once are cached, at most this many (repeated parameters, envelopes)
 _HASH_CACHE_SIZE = 4096
+#: a prompt's prefix hashes until the piece ends and its prompts are hashed together
+_HASHED_LATER = object()
 #: the longest text after a prompt that is cached (a longer one holds token ids: unique)
 _CACHED_REST_CHARS = 2048
 
@@ -184,8 +186,10 @@ class VllmChunkParser:
         self.pending_access: list[dict[str, Any]] = []
         self.last_month = 0
         self.line_no = 0
-        self._hash_cache: dict[str, list[str]] = {}
         self._hasher = PrefixHasher(block_size)
+        #: the piece's distinct prompts, in log order, and the records that took each one
+        self._prompts: dict[str, None] = {}
+        self._prompted: list[tuple[dict[str, Any], str]] = []
         # requests of one client share their sampling parameters: parse each text once
         self._params_cache: dict[str, dict[str, Any]] = {}
         #: what follows a request line's prompt, read, by its text
@@ -487,18 +491,27 @@ class VllmChunkParser:
         return fields
 
     def _set_prompt(self, record: dict[str, Any], prompt: str | None) -> None:
+        """The prompt of ``record``; its prefix hashes come when the piece ends
+        (:meth:`_hash_prompts`)."""
         record["prompt"] = prompt
         if prompt is None:
             return
         if len(prompt) > self.out.longest_prompt:
             self.out.longest_prompt = len(prompt)
-        hashes = self._hash_cache.get(prompt)
-        if hashes is None:
-            hashes = self._hasher.hashes(prompt)
-            if len(self._hash_cache) >= _HASH_CACHE_SIZE:
-                self._hash_cache.clear()
-            self._hash_cache[prompt] = hashes
-        record["prefix_hashes"] = hashes
+        self._prompts[prompt] = None
+        self._prompted.append((record, prompt))
+        record["prefix_hashes"] = _HASHED_LATER  # (text hashes win over token ids' hashes)
+
+    def _hash_prompts(self) -> None:
+        """The prefix hashes of the piece's prompts, hashed together (each distinct prompt
+        once, in log order: :meth:`~pipeline.ingest.hashing.PrefixHasher.hashes_many`), set
+        on their records in the order the records took them."""
+        prompts = list(self._prompts)
+        hashes = dict(zip(prompts, self._hasher.hashes_many(prompts), strict=True))
+        for record, prompt in self._prompted:
+            record["prefix_hashes"] = hashes[prompt]
+        self._prompts.clear()
+        self._prompted.clear()
 
     def _set_ids(self, record: dict[str, Any], ids: str | None) -> None:
         if not ids or ids == "None" or not ids.startswith("["):
@@ -694,6 +707,7 @@ class VllmChunkParser:
 
     def finish(self) -> ChunkResult:
         """Split joined requests into heads (defining line seen here) and tails."""
+        self._hash_prompts()
         for record in self.requests.values():
             if record.pop("_head"):
                 delta = record.pop("_delta_tokens", None)
