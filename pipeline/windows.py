@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -62,6 +63,8 @@ TIMING_DTYPES = {
 }
 #: the "tail" of a window for ``tail_requests``: its last fifth (recent activity within it)
 TAIL_FRACTION = 0.2
+#: bytes of a prompt key's digest (16 hex digits)
+_KEY_BYTES = 8
 
 
 def prompt_key(prompt: str) -> str:
@@ -71,7 +74,7 @@ def prompt_key(prompt: str) -> str:
 
 def _utf8_key(text: bytes) -> str:
     """:func:`prompt_key` of a prompt's UTF-8 bytes."""
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
+    return hashlib.blake2b(text, digest_size=_KEY_BYTES).hexdigest()
 
 
 def empty_counts() -> pd.DataFrame:
@@ -114,21 +117,60 @@ class _Items:
 
 
 def _keyed(kind: str, keys: pd.Series) -> _Items:
+    if isinstance(keys.dtype, pd.StringDtype):  # (the records' own): no Python string a row
+        rows, text = _present_text(keys)
+        return _Items(kind, rows, text.cast(pa.string()))
     keep = keys.notna().to_numpy(dtype=bool)
-    text = keys[keep].astype(str).to_numpy(dtype=object)
-    return _Items(kind, np.flatnonzero(keep), pa.array(text, pa.string()))
+    values = keys[keep].astype(str).to_numpy(dtype=object)
+    return _Items(kind, np.flatnonzero(keep), pa.array(values, pa.string()))
+
+
+def _present_text(values: pd.Series) -> tuple[np.ndarray, pa.Array]:
+    """The positions of ``values`` that are not missing, and their text as one Arrow array."""
+    text = pa.array(values.astype("string"))
+    if isinstance(text, pa.ChunkedArray):
+        text = text.combine_chunks()
+    valid = text.is_valid()
+    present = text.filter(valid) if text.null_count else text
+    return np.flatnonzero(valid.to_numpy(zero_copy_only=False)), present
 
 
 def _prompt_items(prompts: pd.Series) -> _Items:
     """One row per prompt, keyed by :func:`prompt_key`: hashed from Arrow's UTF-8 bytes (the
     text's own; no Python string decoded and encoded again: half the cost on 10k prompts)."""
-    text = pa.array(prompts.astype("string"))
-    if isinstance(text, pa.ChunkedArray):
-        text = text.combine_chunks()
-    valid = text.is_valid()
-    utf8 = pc.cast(text.filter(valid), pa.large_binary()).to_pylist()
-    keys = pa.array(list(map(_utf8_key, utf8)), pa.string())
-    return _Items("prompt", np.flatnonzero(valid.to_numpy(zero_copy_only=False)), keys)
+    rows, text = _present_text(prompts)
+    return _Items("prompt", rows, _utf8_keys(text))
+
+
+def _utf8_keys(text: pa.Array) -> pa.Array:
+    """:func:`prompt_key` of every string of ``text`` (none missing), as Arrow strings.
+
+    Each prompt is hashed in place, a view of Arrow's buffer, by a copy of one fresh hash (a
+    constructor with keywords costs more), and the digests are written as hex at once: on a
+    1 GB vLLM log's 440k prompts (~870 bytes each) a quarter less than a bytes object and a
+    hex string per prompt; two thirds of what is left is blake2b itself (~1.3 GB/s)."""
+    wide = pa.types.is_large_string(text.type) or pa.types.is_large_binary(text.type)
+    offsets = np.frombuffer(text.buffers()[1], np.int64 if wide else np.int32)
+    bounds = offsets[text.offset : text.offset + len(text) + 1].tolist()
+    data = text.buffers()[2]
+    utf8 = memoryview(data if data is not None else b"")
+    fresh = hashlib.blake2b(digest_size=_KEY_BYTES)
+    digests = []
+    for start, end in pairwise(bounds):
+        key = fresh.copy()
+        key.update(utf8[start:end])
+        digests.append(key.digest())
+    return _hex_strings(b"".join(digests), _KEY_BYTES)
+
+
+def _hex_strings(digests: bytes, size: int) -> pa.Array:
+    """Digests of ``size`` bytes each, back to back, as Arrow strings of hex digits."""
+    width = 2 * size
+    count = len(digests) // size
+    offsets = np.arange(0, width * (count + 1), width, dtype=np.int32)
+    return pa.StringArray.from_buffers(
+        count, pa.py_buffer(offsets), pa.py_buffer(digests.hex().encode("ascii"))
+    )
 
 
 def _chain_lengths(column: pd.Series) -> tuple[np.ndarray, pa.Array]:

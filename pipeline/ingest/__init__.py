@@ -24,6 +24,7 @@ Trace formats and prewarm's own JSONL request format are described in
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,13 +244,17 @@ def ingest_to_dir(
     sink = ParquetSink(options.window, out)
     try:
         summaries = run_ingest(paths, options, sink, state, progress)
+        counts = sink.summed_counts()  # while the last records are written
     finally:
         sink.close()
     metrics = metrics_result(sink.metrics)
     metrics.to_parquet(out / "metrics.parquet", index=False)
-    counts = sink.summed_counts()
-    pq.write_table(with_pandas_dtypes(counts), out / "counts.parquet")
-    windows_rows = write_windows(counts, out / "windows.parquet", options)
+    # counts.parquet is encoded beside windows.parquet (Arrow lets the GIL go): the two are
+    # ~0.14 and ~0.24 CPU-s of a 1 GB vLLM log's 1.5M count rows, on otherwise idle cores
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="counts-writer") as writer:
+        written = writer.submit(pq.write_table, with_pandas_dtypes(counts), out / "counts.parquet")
+        windows_rows = write_windows(counts, out / "windows.parquet", options)
+        written.result()
     files = [s.to_dict() for s in summaries]
     return {
         "files": files,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -54,6 +55,13 @@ class PartJob:
     as_table: bool = False
     #: the piece's metrics part, finished here too (None: the format has none)
     metrics_part: str | None = None
+    #: leave the records table and its counts in ``<store>.records.arrow`` and
+    #: ``<store>.counts.arrow`` instead of handing them back ("": hand them back); see
+    #: :func:`store_tables`
+    store: str = ""
+    #: the parts are this run's scratch, removed once read (not a distributed ingest's parts,
+    #: kept for a task run again)
+    scratch: bool = False
 
 
 @dataclass
@@ -69,6 +77,8 @@ class FinishedPart:
     rows: int = 0
     #: the piece's engine metrics, times resolved (``None``: not asked for)
     metrics: pd.DataFrame | None = None
+    #: where :func:`store_tables` left ``table`` and ``counts`` ("": not stored)
+    stored: str = ""
 
 
 def write_table_part(table: pa.Table, path: str) -> None:
@@ -80,6 +90,13 @@ def write_table_part(table: pa.Table, path: str) -> None:
 def read_table_part(path: str) -> pa.Table:
     """A scratch file back as an Arrow table."""
     with pa.OSFile(path, "rb") as source:  # read whole, not mapped: its pages stay private
+        return pa.ipc.open_file(source).read_all()
+
+
+def map_table_part(path: str) -> pa.Table:
+    """A scratch file back as an Arrow table that reads its memory-mapped pages (no copy; they
+    stay mapped while the table lives, even if the file is removed)."""
+    with pa.memory_map(path) as source:
         return pa.ipc.open_file(source).read_all()
 
 
@@ -109,13 +126,48 @@ def read_metrics(path: str) -> pd.DataFrame:
 def finish_part(job: PartJob) -> FinishedPart:
     """Join later tails, resolve timestamps, conform the columns and count windows."""
     pa.default_memory_pool().release_unused()  # the previous chunk's buffers, kept for reuse
-    done = finish_frame(job, read_heads(job.part))
+    done = finish_frame(job, read_heads(job.part))  # (no other reference: the heads go early)
     if job.metrics_part is not None:
         log_format = cast(LogFormat, formats.get(job.format))
         done.metrics = finished_metrics(
             job.metrics_part, log_format, job.chunk, job.facts, job.index, job.options
         )
+    if job.scratch:
+        _remove_parts(job)
+    if job.store and done.table is not None and done.counts is not None:
+        store_tables(done, job.store)
     return done
+
+
+def _remove_parts(job: PartJob) -> None:
+    """Remove a piece's parts once read: their pages go here, beside the other finishing
+    processes, not all in the run's last, lone step (~0.03 s for a 1 GB vLLM log's 700 MB)."""
+    os.unlink(job.part)
+    if job.metrics_part is not None:
+        os.unlink(job.metrics_part)
+
+
+def store_tables(done: FinishedPart, store: str) -> None:
+    """Move ``done``'s records table and counts into scratch files, for the parent to map.
+
+    Handed back through the pool's pipe (pickled, copied, unpickled), a 1 GB vLLM log's 65
+    pieces of ~9 MB records and ~4 MB counts cost ~0.3 CPU-s more in the finishing processes
+    and ~0.2 more in the parent than written once into the page cache and mapped."""
+    table, counts = cast(pa.Table, done.table), cast(pa.Table, done.counts)
+    write_table_part(table, f"{store}.records.arrow")
+    write_table_part(counts, f"{store}.counts.arrow")
+    done.table = done.counts = None
+    done.stored = store
+
+
+def stored_tables(done: FinishedPart) -> tuple[pa.Table, pa.Table]:
+    """The records table and counts :func:`store_tables` left (mapped, the files removed)."""
+    tables = []
+    for kind in ("records", "counts"):
+        path = f"{done.stored}.{kind}.arrow"
+        tables.append(map_table_part(path))
+        os.unlink(path)
+    return tables[0], tables[1]
 
 
 def finished_metrics(
@@ -130,7 +182,8 @@ def finished_metrics(
     frame = read_metrics(path)
     if not frame.empty:
         frame["ts"] = log_format.resolve_ts(frame, chunk, facts, index, options)
-    return frame.drop(columns=["_line"])
+    del frame["_line"]  # in place: drop() copied every column, a sixth of this step
+    return frame
 
 
 def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:

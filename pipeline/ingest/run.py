@@ -34,6 +34,7 @@ from pipeline.ingest.finish import (
     ordered_map,
     read_part,
     read_table_part,
+    stored_tables,
     write_table_part,
 )
 from pipeline.ingest.formats import FileFacts, LogFormat
@@ -258,9 +259,11 @@ def _run_jobs(jobs: Sequence[ChunkJob], workers: int) -> Iterator[list[ChunkResu
 class FileAssembly:
     """Collects the chunk results of one file, then finishes them into a sink."""
 
-    def __init__(self, plan: FilePlan, options: IngestOptions) -> None:
+    def __init__(self, plan: FilePlan, options: IngestOptions, scratch: bool = False) -> None:
         self.plan = plan
         self.options = options
+        #: its pieces' parts are this run's scratch: removed once finished
+        self.scratch = scratch
         #: the file's pieces, in file order (each with its parts)
         self.chunks: list[ChunkResult] = []
         #: planned chunks whose pieces are in
@@ -331,8 +334,9 @@ class FileAssembly:
                 self._emit_metrics(sink, fmt, facts, i)
             return
         used: set[str] = set(self.plan.state.recent_ids)
-        jobs = self._part_jobs(fmt, facts, sink.window, isinstance(sink, ParquetSink))
+        as_table = isinstance(sink, ParquetSink)
         with finishing_pool(finishers) as pool:
+            jobs = self._part_jobs(fmt, facts, sink.window, as_table, as_table and pool is not None)
             finished = ordered_map(finish_part, jobs, pool, JOBS_AHEAD * max(1, finishers))
             self._finish_parts(sink, used, finished)
         self._emit_orphans(sink, used, fmt, facts)
@@ -344,7 +348,9 @@ class FileAssembly:
             used |= done.used
             self.plan.state.recent_ids.extend(done.recent_ids)
             self.summary.records += done.rows
-            if done.table is not None and done.counts is not None:
+            if done.stored:
+                cast(ParquetSink, sink).add_records_table(*stored_tables(done))
+            elif done.table is not None and done.counts is not None:
                 cast(ParquetSink, sink).add_records_table(done.table, done.counts)
             elif done.records is not None:
                 sink.add_records(done.records, done.counts)
@@ -355,17 +361,19 @@ class FileAssembly:
             pa.default_memory_pool().release_unused()
 
     def _part_jobs(
-        self, fmt: LogFormat, facts: FileFacts, window: str, as_table: bool
+        self, fmt: LogFormat, facts: FileFacts, window: str, as_table: bool, store: bool
     ) -> Iterator[PartJob]:
-        """One job per piece, made when submitted (each carries the tails of later pieces)."""
+        """One job per piece, made when submitted (each carries the tails of later pieces).
+        ``store``: the records and counts are left in scratch files (:func:`store_tables`)."""
         laters = assemble.later_tails(
             [chunk.tails for chunk in self.chunks], [chunk.head_ids for chunk in self.chunks]
         )
         for i, (chunk, later) in enumerate(zip(self.chunks, laters, strict=True)):
             part, metrics = self._part(i, "heads"), self._part(i, "metrics")
             yield PartJob(
-                part, later, chunk, i, fmt.name, facts, self.options, window, as_table,
-                metrics if fmt.has_metrics else None,
+                part, later, _job_chunk(chunk), i, fmt.name, facts, self.options, window,
+                as_table, metrics if fmt.has_metrics else None,
+                f"{chunk.part}.finished" if store else "", self.scratch,
             )  # fmt: skip
 
     def _part(self, index: int, kind: str) -> str:
@@ -416,6 +424,13 @@ class FileAssembly:
         if self.chunks:
             state.offset = self.chunks[-1].offset
         state.lines += self.summary.lines
+
+
+def _job_chunk(chunk: ChunkResult) -> ChunkResult:
+    """``chunk`` without what finishing it never reads: its head ids and its own tails (the
+    job carries the later pieces' tails). A 16 MB vLLM piece's 10k ids were ~450 KB to pickle
+    in the parent and unpickle in a finishing process."""
+    return replace(chunk, head_ids=[], tails={})
 
 
 def _unknown_summary(plan: FilePlan, options: IngestOptions, incremental: bool) -> FileSummary:
@@ -482,7 +497,7 @@ def _run_plans(
     with tempfile.TemporaryDirectory(prefix="prewarm-ingest-") as scratch_dir:
         scratch = Path(scratch_dir)
         jobs, owners = _jobs(plans, options, incremental, scratch)
-        assemblies = {i: FileAssembly(p, options) for i, p in enumerate(plans)}
+        assemblies = {i: FileAssembly(p, options, scratch=True) for i, p in enumerate(plans)}
         # while chunks are still parsed, one process finishes a file (beside the parsing
         # workers' memory); the last file, parsed alone, gets one per worker
         finishers = (1, options.workers) if options.workers > 1 else (0, 0)

@@ -130,3 +130,20 @@ def test_windows_written_in_batches_of_whole_items_equal_those_made_at_once(
     assert written == len(got) == len(expected)
     assert got["lag_1"].isna().any() == (min_requests > 1)  # rare rows: no features
     pd.testing.assert_frame_equal(got, expected)
+
+
+def test_prompt_items_are_keyed_by_prompt_key_whatever_the_arrow_layout():
+    import pyarrow as pa
+
+    from pipeline.windows import _prompt_items
+
+    texts = ["p1", None, "", "héllo \u4e16\u754c", "x" * 5000, None, "p1"]
+    for kind in ("string", "string[pyarrow]"):
+        prompts = pd.Series(texts, dtype=kind, index=range(10, 17))
+        for part in (prompts, prompts.iloc[2:], prompts.iloc[2:5]):  # offsets into buffers
+            items = _prompt_items(part)
+            present = [t for t in part.tolist() if not pd.isna(t)]
+            assert items.keys.to_pylist() == [prompt_key(t) for t in present]
+            assert items.rows.tolist() == [i for i, t in enumerate(part) if not pd.isna(t)]
+    large = pd.Series(pd.arrays.ArrowExtensionArray(pa.array(["a", None, "b"], pa.large_string())))
+    assert _prompt_items(large).keys.to_pylist() == [prompt_key("a"), prompt_key("b")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
 import os
@@ -314,3 +315,46 @@ def test_a_utf16_file_says_so_in_its_rejects(tmp_path):
     assert summary.format == "unknown" and summary.records == 0
     assert set(summary.rejects.counts) == {UTF16} and "iconv" in UTF16
     assert summary.rejects.total == summary.lines > 0
+
+
+def test_pieces_finished_in_worker_processes_equal_those_finished_here(tmp_path):
+    """A vLLM log's pieces finished by worker processes (records and counts handed over in
+    scratch files) write the same folder as pieces finished in this process."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.loggen import vllm_lines, write_log
+    from pipeline.ingest import ingest_to_dir
+
+    path = tmp_path / "vllm.log"
+    write_log(path, vllm_lines(seed=5), 2 << 20)
+    pooled = IngestOptions(year=2025, chunk_bytes=1 << 18, workers=2)
+    here = dataclasses.replace(pooled, workers=1)
+    by_workers = ingest_to_dir([path], tmp_path / "workers", pooled)
+    by_one = ingest_to_dir([path], tmp_path / "one", here)
+    for summary in (by_workers, by_one):
+        summary.pop("out")
+    assert by_workers == by_one and by_workers["records"] > 500
+    for name in ("records", "counts", "windows", "metrics"):
+        got = pq.read_table(tmp_path / "workers" / f"{name}.parquet")
+        assert got.equals(pq.read_table(tmp_path / "one" / f"{name}.parquet")), name
+
+
+def test_a_distributed_assembly_keeps_its_parts_for_a_task_run_again(tmp_path):
+    """A distributed ingest's parts are a cache: assembling twice gives the same records."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.loggen import vllm_lines, write_log
+    from pipeline.ingest.distributed import assemble_file, ingest_chunk, plan_file_chunks
+
+    path = tmp_path / "vllm.log"
+    write_log(path, vllm_lines(seed=6), 1 << 20)
+    options = IngestOptions(year=2025, chunk_bytes=1 << 18)
+    _, fmt, specs = plan_file_chunks(path, options)
+    assert fmt == "vllm" and len(specs) > 1
+    for spec in specs:
+        ingest_chunk(spec, options, tmp_path / "parts")
+    first = assemble_file(path, fmt, specs, options, tmp_path / "parts", tmp_path / "a")
+    again = assemble_file(path, fmt, specs, options, tmp_path / "parts", tmp_path / "b")
+    assert first["records"] == again["records"] > 100
+    records = [pq.read_table(tmp_path / out / "records.parquet") for out in ("a", "b")]
+    assert records[0].equals(records[1])
