@@ -26,7 +26,7 @@ from pipeline.ingest.formats import LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_compressed
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.summary import Rejects
-from pipeline.records import HASHES_TYPE, RECORD_DTYPES, hashes_column
+from pipeline.records import HASHES_TYPE, RECORD_DTYPES
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
@@ -338,23 +338,27 @@ def _part_column(
 def heads_of(table: pa.Table) -> pd.DataFrame:
     """A :func:`heads_table` as a heads frame, in :func:`heads_frame`'s dtypes except
     ``prefix_hashes``, kept as Arrow lists (:func:`pipeline.records.hashes_column`)."""
-    return _part_frame(table, _head_dtype)
+    return _part_frame(table)
 
 
-def _part_frame(table: pa.Table, dtype_of: Callable[[str], str]) -> pd.DataFrame:
+#: a part's Arrow types as pandas reads them (each head and metrics column's dtype, by type)
+_PANDAS_OF = {
+    **{arrow: pd.api.types.pandas_dtype(dtype) for dtype, arrow in _ARROW_OF.items()},
+    HASHES_TYPE: pd.ArrowDtype(HASHES_TYPE),
+}
+
+
+def _part_frame(table: pa.Table) -> pd.DataFrame:
     """A part's table as a frame: ``_line`` as int64, block hashes as Arrow lists, every other
-    column in the pandas dtype ``dtype_of`` names."""
-    index = pd.RangeIndex(table.num_rows)
-    columns: dict[str, object] = {}
-    for name in table.column_names:
-        values = table.column(name)
-        if name == "prefix_hashes":
-            columns[name] = hashes_column(values.combine_chunks(), index)
-        elif name == "_line":
-            columns[name] = values.to_numpy()
-        else:
-            columns[name] = arrow_to_pandas(values, dtype_of(name))
-    return pd.DataFrame(columns, index=index)
+    column in the pandas dtype of its Arrow type (:data:`_PANDAS_OF`).
+
+    One ``to_pandas`` call, one thread (the finishing processes keep the cores busy): a 1 GB
+    vLLM log's parts in ~0.086 CPU-s, ~0.105 column by column."""
+    line = table.column("_line").to_numpy()
+    rest = table.drop_columns(["_line"])
+    frame = rest.to_pandas(types_mapper=_PANDAS_OF.get, use_threads=False)
+    frame.insert(table.column_names.index("_line"), "_line", line)
+    return frame
 
 
 def _head_dtype(column: str) -> str:
@@ -414,7 +418,7 @@ def _metric_column(values: list[object], field: pa.Field) -> pa.Array:
 def metrics_of(table: pa.Table) -> pd.DataFrame:
     """A :func:`metrics_table` as a frame: numbers ``Float64``, text ``string``, ``_line``
     ``int64``."""
-    return _part_frame(table, _metric_dtype)
+    return _part_frame(table)
 
 
 def _metric_dtype(column: str) -> str:

@@ -74,12 +74,33 @@ def year_bases(
     return [first_year + o for o in offsets], note
 
 
+#: rows from which :func:`resolve_vllm_ts` resolves each distinct time once
+_DISTINCT_FROM = 1000
+
+
 def resolve_vllm_ts(
     text: pd.Series, lines: pd.Series, chunk: ChunkResult, base_year: int, tz: str
 ) -> pd.Series:
-    """``MM-DD HH:MM:SS`` text -> UTC timestamps, years from ``base_year`` and rollovers."""
+    """``MM-DD HH:MM:SS`` text -> UTC timestamps, years from ``base_year`` and rollovers.
+
+    Each distinct year and text is resolved once: a piece of 10k requests prints a few hundred
+    distinct seconds, and joining and parsing its strings row by row took half of this step
+    (~1.7 ms a piece, ~0.9 now). A piece's ~100 stats lines are each a second of their own:
+    resolved row by row (finding the distinct ones cost them ~0.1 ms more)."""
     rolls = np.searchsorted(np.asarray(chunk.rollovers, dtype="int64"), lines.to_numpy(), "right")
-    years = pd.Series(base_year + rolls, index=text.index).astype(str)
+    if len(text) < _DISTINCT_FROM:
+        return _resolved_ts(text, base_year + rolls, tz)
+    codes = pd.factorize(text)[0].astype(np.int64) + 1  # (missing text: a code of its own)
+    inverse, distinct = pd.factorize(codes * (int(rolls.max(initial=0)) + 1) + rolls)
+    first = np.empty(len(distinct), dtype=np.int64)
+    first[inverse] = np.arange(len(inverse))  # a row of each (any: theirs are alike)
+    stamps = _resolved_ts(text.iloc[first], base_year + rolls[first], tz)
+    return pd.Series(stamps.array.take(inverse), index=text.index, name=stamps.name)
+
+
+def _resolved_ts(text: pd.Series, years: np.ndarray, tz: str) -> pd.Series:
+    """:func:`resolve_vllm_ts` of ``text``, the year of each row given."""
+    years = pd.Series(years, index=text.index).astype(str)
     local = pd.to_datetime(
         years + "-" + text.astype(str), format="%Y-%m-%d %H:%M:%S", errors="coerce"
     )
