@@ -232,10 +232,11 @@ class VllmChunkParser:
                 continue
             self.line_no = line_no
             msg = line[cut:-1] if line.endswith("\r") else line[cut:]
-            rejected = rejects.count
-            self._message(msg, found[0], found[1], line_no)
-            if rejects.count == rejected:  # (as :meth:`_enveloped`)
-                self._timed(found[1], line_no)
+            rejected, ts = rejects.count, found[1]
+            self._message(msg, found[0], ts, line_no)
+            # (as :meth:`_enveloped`; most lines share the time of the one before)
+            if rejects.count == rejected and (ts != self.last_ts or self.pending_access):
+                self._timed(ts, line_no)
         if access:
             self.out.ignored[ACCESS_OK_LINE] += access
 
