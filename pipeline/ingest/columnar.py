@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.ingest.lines import arrow_lines
+from pipeline.ingest.reprs import NotACharacterError
 
 #: a TGI ``Success`` event on one line, in the shape the router prints it (FORMATS.md 2.4):
 #: a handler span with quoted timing fields, its parameters (quoted or raw Debug) first
@@ -95,15 +96,28 @@ def _halves(text: pa.Array, marker: str) -> tuple[pa.Array, pa.Array]:
 
 def by_unique(
     values: pa.Array, parse: Callable[[str], dict[str, Any]], columns: dict[str, pa.DataType]
-) -> dict[str, pa.Array]:
+) -> tuple[dict[str, pa.Array], np.ndarray]:
     """``parse`` applied once per distinct value (clients repeat their parameters), spread
-    back to every row: ``column -> values`` (null where the row's value is null)."""
+    back to every row: ``column -> values`` (null where the row's value is null), and the rows
+    whose value holds no valid text (:class:`~pipeline.ingest.reprs.NotACharacterError`: the
+    per-line path rejects their lines)."""
     encoded = pc.dictionary_encode(values)
-    parsed = [parse(v) for v in encoded.dictionary.to_pylist()]
-    return {
+    parsed: list[dict[str, Any]] = []
+    unreadable: list[bool] = []
+    for value in encoded.dictionary.to_pylist():
+        try:
+            parsed.append(parse(value))
+        except NotACharacterError:
+            parsed.append({})
+            unreadable.append(True)
+        else:
+            unreadable.append(False)
+    spread = {
         column: pc.take(pa.array([p.get(column) for p in parsed], kind), encoded.indices)
         for column, kind in columns.items()
     }
+    rows = pc.take(pa.array(unreadable, pa.bool_()), encoded.indices)
+    return spread, pc.fill_null(rows, False).to_numpy(zero_copy_only=False)
 
 
 def tgi_success_rows(
@@ -138,8 +152,10 @@ def tgi_success_rows(
         fallback = pc.or_kleene(fallback, bad)
     seed, bad_seed = _seed(_part(tail, "seed"))
     fallback = pc.fill_null(pc.or_kleene(fallback, bad_seed), True)
-    fallback = fallback.to_numpy(zero_copy_only=False)
-    frame = _success_frame(head, params, timings, seed, decode_params, params_fields, endpoints)
+    frame, unreadable = _success_frame(
+        head, params, timings, seed, decode_params, params_fields, endpoints
+    )
+    fallback = fallback.to_numpy(zero_copy_only=False) | unreadable
     frame["_line"] = rows.to_numpy()
     keep = ~fallback
     mask_np = np.zeros(len(lines), dtype=bool)
@@ -162,10 +178,13 @@ def _success_frame(
     decode_params: Callable[[str], str],
     params_fields: Callable[[str], dict[str, Any]],
     endpoints: dict[str, str],
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The heads of plain ``Success`` lines, and those whose parameters hold no valid text."""
     n = len(head)
     span = pc.struct_field(head, "span")
-    from_params = by_unique(params, lambda text: params_fields(decode_params(text)), _PARAM_COLUMNS)
+    from_params, unreadable = by_unique(
+        params, lambda text: params_fields(decode_params(text)), _PARAM_COLUMNS
+    )
     total = timings["total_time"]
     inference, per_token = timings["inference_time"], timings["time_per_token"]
     ratio = pc.divide(inference, pc.if_else(pc.equal(per_token, 0.0), None, per_token))
@@ -191,4 +210,4 @@ def _success_frame(
         "seed": (seeds, "UInt64"),
     }
     frame = pd.DataFrame({c: arrow_to_pandas(v, t) for c, (v, t) in columns.items()})
-    return frame
+    return frame, unreadable

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 #: a Python string literal as repr() prints it (single or double quoted, escapes kept)
 #: (unrolled loops: one C-level scan per run of plain characters, not one step per character)
@@ -93,13 +93,38 @@ def decode_python_str(literal: str) -> str:
     return decoded if decoded is not None else _PY_ESCAPE.sub(_py_escape, body)
 
 
+#: a line's reject reason when a value of it is no valid text
+NOT_TEXT = "a value that is no valid text (a lone surrogate)"
+
+
+class NotACharacterError(ValueError):
+    """A printed string escapes a code point that is no character: a lone surrogate (Python's
+    ``repr`` prints one of a string that is no valid text as ``\\udXXX``; JSON and Rust allow
+    it too) or one past U+10FFFF. Such a string cannot be kept as text (not in UTF-8, not in
+    Arrow), so the line that holds it is a reject, not a crash."""
+
+
+def _character(value: int, escape: str) -> str:
+    if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+        raise NotACharacterError(f"\\{escape} is not a character")
+    return chr(value)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(values: Iterable[object]) -> None:
+    """Raise :class:`NotACharacterError` if a string of ``values`` holds a lone surrogate
+    (a JSON decoder gives one for ``"\\ud800"``); an ASCII string is passed at once."""
+    for value in values:
+        if isinstance(value, str) and not value.isascii() and _LONE_SURROGATE.search(value):
+            raise NotACharacterError(f"{value[:40]!r} holds a lone surrogate")
+
+
 def _py_escape(match: re.Match[str]) -> str:
     code = match.group(1)
     if len(code) > 1:  # \xhh, \uhhhh, \Uhhhhhhhh
-        value = int(code[1:], 16)
-        if value > 0x10FFFF:
-            raise ValueError(f"escape out of range: \\{code}")
-        return chr(value)
+        return _character(int(code[1:], 16), code)
     return _PY_SIMPLE.get(code, "\\" + code)
 
 
@@ -212,7 +237,7 @@ def decode_rust_str(literal: str) -> str:
 def _rust_escape(match: re.Match[str]) -> str:
     code = match.group(1)
     if code.startswith("u{"):
-        return chr(int(code[2:-1], 16))
+        return _character(int(code[2:-1], 16), code)
     return _RUST_SIMPLE.get(code, "\\" + code)
 
 

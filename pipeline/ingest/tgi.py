@@ -32,8 +32,11 @@ from pipeline.ingest.columnar import tgi_success_rows
 from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
 from pipeline.ingest.reprs import (
+    NOT_TEXT,
+    NotACharacterError,
     as_float,
     as_int,
+    check_text,
     decode_rust_str,
     generate_parameters,
     params_hash,
@@ -412,6 +415,14 @@ class TgiChunkParser:
                 self._event(event)
 
     def _event(self, event: TgiEvent) -> None:
+        """One whole event; one whose values hold no valid text (a lone surrogate, escaped
+        or from JSON) is a reject, read before anything of it is kept."""
+        try:
+            self._read_event(event)
+        except NotACharacterError:
+            self.out.rejects.add(NOT_TEXT, event.line, event.text())
+
+    def _read_event(self, event: TgiEvent) -> None:
         message = event.text()
         if event.level == "INFO" and message == "Success":
             return self._success(event)
@@ -438,6 +449,7 @@ class TgiChunkParser:
         return handler, merged
 
     def _input(self, event: TgiEvent, text: str) -> None:
+        check_text((text,))
         handler, fields = self._handler(event)
         key = (handler or "", fields.get("parameters"))
         at = _seconds(event.ts)
@@ -501,6 +513,7 @@ class TgiChunkParser:
         seed = rust_option(fields.get("seed"))
         if seed is not None:
             record["seed"] = seed_u64(seed)
+        check_text(record.values())
         return record
 
     def _params(self, record: dict[str, Any], text: str) -> None:
@@ -520,6 +533,7 @@ class TgiChunkParser:
         return event.detached or bool(event.spans and event.spans[0][0] == "generate_stream")
 
     def _set_prompt(self, record: dict[str, Any], prompt: str, streaming: bool) -> None:
+        check_text((prompt,))  # (before it is hashed)
         cut = not streaming and (
             len(prompt) == INPUT_LOG_CAP or 997 <= len(prompt.encode()) <= INPUT_LOG_CAP
         )
