@@ -641,9 +641,7 @@ class VllmChunkParser:
         if ids is None or not ids.startswith("["):
             return
         body = ids[1 : ids.rfind("]")].strip()
-        self._add_output(record, mode, body.count(",") + 1 if body else 0)
-
-    def _add_output(self, record: dict[str, Any], mode: str, count: int) -> None:
+        count = body.count(",") + 1 if body else 0
         if count > self.out.longest_ids:  # --max-log-len cuts output ids too
             self.out.longest_ids = count
         if mode == "(streaming delta)":
