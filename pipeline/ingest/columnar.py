@@ -188,7 +188,9 @@ def _success_frame(
     total = timings["total_time"]
     inference, per_token = timings["inference_time"], timings["time_per_token"]
     ratio = pc.divide(inference, pc.if_else(pc.equal(per_token, 0.0), None, per_token))
-    output = pc.cast(pc.round(ratio, round_mode="half_to_even"), pa.int64())
+    rounded = pc.round(ratio, round_mode="half_to_even")
+    fits = pc.and_(pc.is_finite(rounded), pc.less(pc.abs(rounded), 2.0**63))  # as as_count
+    output = pc.cast(pc.if_else(fits, rounded, None), pa.int64())
     seeds = pc.if_else(pc.is_valid(seed), seed, from_params["seed"])
     names = pa.array(list(endpoints))
     endpoint = pc.take(pa.array(list(endpoints.values())), pc.index_in(span, value_set=names))

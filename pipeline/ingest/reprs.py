@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 
@@ -190,12 +191,28 @@ def as_float(raw: str | None) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+#: the records' integers are 64-bit: a printed one outside is left out, never wrapped
+INT64 = range(-(2**63), 2**63)
+
+
 def as_int(raw: str | None) -> int | None:
-    """An int from printed text (floats with a fraction, ``None`` and junk give ``None``)."""
+    """An int from printed text (floats with a fraction or not finite, integers past 64 bits,
+    ``None`` and junk give ``None``)."""
     value = _py_scalar(raw)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return int(value) if value == int(value) else None
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        return None
+    return int(value) if int(value) in INT64 else None
+
+
+def as_count(value: float) -> int | None:
+    """``value`` rounded to the nearest integer (ties to even), when that is a 64-bit one
+    (a ratio of junk durations can be huge or infinite)."""
+    if not math.isfinite(value):
+        return None
+    rounded = round(value)
+    return rounded if rounded in INT64 else None
 
 
 def seed_u64(raw: str | None) -> int | None:

@@ -32,8 +32,10 @@ from pipeline.ingest.columnar import tgi_success_rows
 from pipeline.ingest.hashing import PrefixHasher
 from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
 from pipeline.ingest.reprs import (
+    INT64,
     NOT_TEXT,
     NotACharacterError,
+    as_count,
     as_float,
     as_int,
     check_text,
@@ -319,6 +321,15 @@ class TgiChunkParser:
         if start is None:
             return self._stray_line(line, line_no)
         self._flush()
+        try:
+            self._event_line(start, line, line_no)
+        except NotACharacterError:  # a span's field escapes no character: the line is bad
+            self.out.rejects.add(NOT_TEXT, line_no, line)
+        return None
+
+    def _event_line(self, start: re.Match[str], line: str, line_no: int) -> None:
+        """A line that starts an event (``start``: its time and level): its spans, target and
+        message."""
         rest = line[start.end() :].removesuffix("\r")
         fast = _FAST_SPAN.match(rest)
         if fast is not None:
@@ -468,7 +479,7 @@ class TgiChunkParser:
         inference = duration_s(fields.get("inference_time"))
         per_token = duration_s(fields.get("time_per_token"))
         if inference is not None and per_token:
-            record["output_tokens"] = round(inference / per_token)
+            record["output_tokens"] = as_count(inference / per_token)
         pending = self.inputs.get((handler or "", fields.get("parameters")))
         if pending and total is not None:
             joined = _closest_input(pending, _seconds(event.ts), total)
@@ -560,11 +571,19 @@ def _router_line(rest: str) -> bool:
     )
 
 
+#: a total time past this is junk (a Rust ``Duration`` prints up to ~1.8e19 s): the request's
+#: arrival is unknown, not a time centuries back (which no timestamp can hold)
+_LONGEST_TOTAL_S = 100 * 365.25 * 86400
+
+
 def arrival_ts(frame: pd.DataFrame) -> pd.Series:
-    """Event time (UTC, µs) minus the request's total time: the arrival time."""
+    """Event time (UTC, µs) minus the request's total time: the arrival time (``NaT`` for a
+    total time past :data:`_LONGEST_TOTAL_S`)."""
     ts = pd.to_datetime(frame["ts"].astype(str), utc=True, format="ISO8601", errors="coerce")
-    back = pd.to_timedelta(frame["_ts_minus_s"].fillna(0.0).astype(float), unit="s")
-    return (ts - back).astype("datetime64[us, UTC]")
+    seconds = frame["_ts_minus_s"].fillna(0.0).astype(float)
+    known = seconds.abs() <= _LONGEST_TOTAL_S
+    back = pd.to_timedelta(seconds.where(known, 0.0), unit="s")
+    return (ts - back).where(known).astype("datetime64[us, UTC]")
 
 
 def _seconds(ts: str) -> float | None:
@@ -591,12 +610,15 @@ def _closest_input(
 
 
 def given_counts(message: str) -> dict[str, int]:
-    """The prompt length (and requested ``max_new_tokens``) a validation error prints."""
+    """The prompt length (and requested ``max_new_tokens``) a validation error prints (a
+    number past 64 bits is left out)."""
     found = _GIVEN_TOTAL.match(message)
     if found is not None:
-        return {"prompt_tokens": int(found.group(1)), "max_tokens": int(found.group(2))}
-    found = _GIVEN_INPUT.match(message)
-    if found is not None:
-        return {"prompt_tokens": int(found.group(1))}
-    found = _GIVEN_MAX_NEW.match(message)
-    return {"max_tokens": int(found.group(1))} if found is not None else {}
+        counts = {"prompt_tokens": found.group(1), "max_tokens": found.group(2)}
+    elif (found := _GIVEN_INPUT.match(message)) is not None:
+        counts = {"prompt_tokens": found.group(1)}
+    elif (found := _GIVEN_MAX_NEW.match(message)) is not None:
+        counts = {"max_tokens": found.group(1)}
+    else:
+        return {}
+    return {key: int(text) for key, text in counts.items() if int(text) in INT64}

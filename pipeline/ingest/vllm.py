@@ -139,6 +139,14 @@ def without_token_ids(rest: str) -> tuple[str, int | None]:
     return f"{rest[:at]}, prompt_token_ids: []{rest[close + 1 :]}", count
 
 
+def as_token_ids(body: str) -> list[int] | None:
+    """The token ids of a printed list's inside (``1, 2, 3``); None when one is no integer."""
+    try:
+        return [int(x) for x in body.split(",")]
+    except ValueError:
+        return None
+
+
 def cut_looking(prompt: str, ids: int) -> bool:
     """Whether a prompt of ``ids`` characters printed with ``ids`` token ids looks cut by
     ``--max-log-len`` (both cut to the same N): its text holds far fewer tokens than that.
@@ -521,9 +529,11 @@ class VllmChunkParser:
         count = body.count(",") + 1 if body else 0
         self._set_id_count(record, count)
         if record.get("prefix_hashes") is None and count >= self.block_size:
-            record["prefix_hashes"] = block_hashes_from_ids(
-                [int(x) for x in body.split(",")], self.block_size
-            )
+            token_ids = as_token_ids(body)
+            if token_ids is None:  # (the record keeps what else its lines said)
+                self.out.ignored["token ids not integers (no block hashes from them)"] += 1
+                return
+            record["prefix_hashes"] = block_hashes_from_ids(token_ids, self.block_size)
 
     def _set_id_count(self, record: dict[str, Any], count: int) -> None:
         record["_ids_len"] = count
