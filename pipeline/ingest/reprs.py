@@ -203,7 +203,8 @@ def as_int(raw: str | None) -> int | None:
         return None
     if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
         return None
-    return int(value) if int(value) in INT64 else None
+    number = int(value)
+    return number if number in INT64 else None
 
 
 def as_count(value: float) -> int | None:

@@ -135,8 +135,12 @@ def without_token_ids(rest: str) -> tuple[str, int | None]:
     body = rest[at + len(_IDS_KEY) : close]
     if "[" in body or "(" in body or ")" in body or ":" in body:  # (nested, or a key inside)
         return rest, None
-    count = body.count(",") + 1 if body.strip() else 0
-    return f"{rest[:at]}, prompt_token_ids: []{rest[close + 1 :]}", count
+    return f"{rest[:at]}, prompt_token_ids: []{rest[close + 1 :]}", listed_count(body)
+
+
+def listed_count(body: str) -> int:
+    """How many values a printed list's inside holds (``1, 2, 3``: 3; blank: 0), by its commas."""
+    return body.count(",") + 1 if body.strip() else 0
 
 
 def as_token_ids(body: str) -> list[int] | None:
@@ -195,8 +199,7 @@ class VllmChunkParser:
         self.last_month = 0
         self.line_no = 0
         self._hasher = PrefixHasher(block_size)
-        #: the piece's distinct prompts, in log order, and the records that took each one
-        self._prompts: dict[str, None] = {}
+        #: the records that took a prompt, and the prompt, in log order
         self._prompted: list[tuple[dict[str, Any], str]] = []
         # requests of one client share their sampling parameters: parse each text once
         self._params_cache: dict[str, dict[str, Any]] = {}
@@ -507,7 +510,6 @@ class VllmChunkParser:
             return
         if len(prompt) > self.out.longest_prompt:
             self.out.longest_prompt = len(prompt)
-        self._prompts[prompt] = None
         self._prompted.append((record, prompt))
         record["prefix_hashes"] = _HASHED_LATER  # (text hashes win over token ids' hashes)
 
@@ -515,18 +517,17 @@ class VllmChunkParser:
         """The prefix hashes of the piece's prompts, hashed together (each distinct prompt
         once, in log order: :meth:`~pipeline.ingest.hashing.PrefixHasher.hashes_many`), set
         on their records in the order the records took them."""
-        prompts = list(self._prompts)
+        prompts = list(dict.fromkeys(prompt for _, prompt in self._prompted))
         hashes = dict(zip(prompts, self._hasher.hashes_many(prompts), strict=True))
         for record, prompt in self._prompted:
             record["prefix_hashes"] = hashes[prompt]
-        self._prompts.clear()
         self._prompted.clear()
 
     def _set_ids(self, record: dict[str, Any], ids: str | None) -> None:
         if not ids or ids == "None" or not ids.startswith("["):
             return
-        body = ids[1 : ids.rfind("]")].strip()
-        count = body.count(",") + 1 if body else 0
+        body = ids[1 : ids.rfind("]")]
+        count = listed_count(body)
         self._set_id_count(record, count)
         if record.get("prefix_hashes") is None and count >= self.block_size:
             token_ids = as_token_ids(body)
@@ -650,8 +651,7 @@ class VllmChunkParser:
     def _count_output(self, record: dict[str, Any], mode: str, ids: str | None) -> None:
         if ids is None or not ids.startswith("["):
             return
-        body = ids[1 : ids.rfind("]")].strip()
-        count = body.count(",") + 1 if body else 0
+        count = listed_count(ids[1 : ids.rfind("]")])
         if count > self.out.longest_ids:  # --max-log-len cuts output ids too
             self.out.longest_ids = count
         if mode == "(streaming delta)":
