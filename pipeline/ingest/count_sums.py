@@ -10,6 +10,7 @@ and an item seen in several windows has one integer)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -104,10 +105,10 @@ def _runs_summed(counts: pa.Table, rows: _Sorted) -> pa.Table:
     """``counts`` in sorted order, each run of rows with equal keys summed into one: kinds
     and windows come from the sorted integers, only the keys are gathered from ``counts``."""
     first = _run_starts(counts, rows)
-    ranks = pa.array(rows.coarse[first] >> np.uint64(8 * _KEY_BYTES))
+    ranks = rows.coarse[first] >> np.uint64(8 * _KEY_BYTES)
     columns = [
-        rows.kinds.take(ranks),
-        counts.column("item_key").take(rows.order[first]),
+        rows.kinds.take(pa.array(ranks)),
+        _taken_keys(counts.column("item_key"), rows.order[first], ranks),
         pa.array(rows.windows[first]).cast(COUNTS_SCHEMA.field("window_start").type),
     ]
     for name in COUNT_VALUES:
@@ -127,3 +128,47 @@ def _run_starts(counts: pa.Table, rows: _Sorted) -> np.ndarray:
     first = np.ones(len(order), dtype=bool)
     first[maybe] = False
     return np.flatnonzero(first)
+
+
+def _taken_keys(keys: pa.ChunkedArray, rows: np.ndarray, ranks: np.ndarray) -> pa.Array:
+    """``keys.take(rows)``, ``ranks`` (each taken row's kind rank) sorted. A kind whose keys
+    are all of one width (block hashes and prompt keys: 16 hex digits) has them gathered as the
+    rows of a byte matrix by numpy: ~0.02 CPU-s for a 1 GB vLLM log's 1.5M summed rows, ~0.1
+    or more by Arrow's take of strings in random order."""
+    if keys.null_count or sum(_text_bytes(c) for c in keys.chunks) >= 2**31:
+        return keys.take(rows)  # (more text than one array's offsets reach)
+    whole = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    data = whole.buffers()[2]
+    if data is None:
+        return keys.take(rows)
+    bounds = np.frombuffer(whole.buffers()[1], np.int32)
+    offsets = bounds[whole.offset : whole.offset + len(whole) + 1]
+    widths = np.diff(offsets)[rows]
+    edges = [0, *(np.flatnonzero(np.diff(ranks)) + 1).tolist(), len(rows)]
+    parts = []
+    for begin, end in pairwise(edges):
+        kind_rows, width = rows[begin:end], int(widths[begin])
+        taken = None
+        if width and (widths[begin:end] == width).all():
+            taken = _fixed_width_taken(data, offsets[kind_rows], width)
+        parts.append(whole.take(kind_rows) if taken is None else taken)
+    return pa.concat_arrays(parts)
+
+
+def _text_bytes(text: pa.Array) -> int:
+    data = text.buffers()[2]
+    return 0 if data is None else data.size
+
+
+def _fixed_width_taken(data: pa.Buffer, starts: np.ndarray, width: int) -> pa.Array | None:
+    """The strings of ``width`` bytes at ``starts`` of ``data``, gathered as rows of one byte
+    matrix (``None``: not all on its rows)."""
+    first = int(starts[0]) % width
+    if ((starts - first) % width).any():
+        return None
+    chars = np.frombuffer(data, np.uint8)
+    count = (len(chars) - first) // width
+    matrix = chars[first : first + count * width].reshape(count, width)
+    taken = matrix.take(starts // width, axis=0)
+    offsets = np.arange(0, width * (len(starts) + 1), width, dtype=np.int32)
+    return pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(taken))

@@ -29,7 +29,7 @@ from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import heads_of, metrics_of
 from pipeline.ingest.sinks import records_table
 from pipeline.records import listed_hashes
-from pipeline.windows import window_counts_table
+from pipeline.windows import records_window_counts, window_counts_table
 
 #: request ids of a file remembered for the next incremental run (reused-id detection)
 RECENT_IDS = 2000
@@ -198,15 +198,19 @@ def finish_frame(job: PartJob, frame: pd.DataFrame) -> FinishedPart:
         return done
     log_format = cast(LogFormat, formats.get(job.format))
     frame["ts"] = log_format.resolve_ts(frame, job.chunk, job.facts, job.index, job.options)
-    done.recent_ids = frame["request_id"].dropna().tolist()[-RECENT_IDS:]
+    done.recent_ids = frame["request_id"].dropna().iloc[-RECENT_IDS:].tolist()
     records = log_format.finalize(frame, job.facts, job.options)
     del frame  # the heads and the records of a chunk are never both needed past this point
     done.rows = len(records)
-    if not records.empty:
-        done.counts = window_counts_table(records, job.window, ordered=False)  # summed later
+    # the counts are left unordered: they are summed (and sorted) later
     if job.as_table:
         done.table = records_table(records)
+        del records
+        if done.rows:  # counted from the Arrow table, not the frame: nothing converted again
+            done.counts = records_window_counts(done.table, job.window)
     else:
+        if done.rows:
+            done.counts = window_counts_table(records, job.window, ordered=False)
         done.records = listed_hashes(records)
     return done
 

@@ -59,6 +59,15 @@ WINDOW_BUCKETS = 16
 #: 125k rows are summed once at most before the end, where one sort sums everything)
 SUM_AT_ROWS = 100_000
 RECORDS_SCHEMA = pa.schema([(c, _ARROW[t]) for c, t in RECORD_DTYPES.items()])
+#: the records' Parquet columns (a list's values are a column of their own)
+_LEAVES = [f"{c}.list.element" if c == "prefix_hashes" else c for c in RECORD_COLUMNS]
+#: records columns whose values are (nearly) all distinct: a dictionary is built for them only
+#: to be given up after a page, so they are written plain from the start (the same values read
+#: back). Of a 1 GB vLLM log's records, ~0.13 CPU-s in 12 row groups instead of ~0.17; the
+#: file ~2% larger.
+_PLAIN = ("request_id", "prompt", "prefix_hashes.list.element")
+#: no min/max statistics for prompts and block hashes: values no reader filters row groups on
+_NO_STATISTICS = ("prompt", "prefix_hashes.list.element")
 
 
 def records_table(frame: pd.DataFrame) -> pa.Table:
@@ -216,7 +225,11 @@ class ParquetSink(MemorySink):
         super().__init__(window)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "records.parquet"
-        self.writer = pq.ParquetWriter(self.path, RECORDS_SCHEMA)
+        self.writer = pq.ParquetWriter(
+            self.path, RECORDS_SCHEMA,
+            use_dictionary=[c for c in _LEAVES if c not in _PLAIN],
+            write_statistics=[c for c in _LEAVES if c not in _NO_STATISTICS],
+        )  # fmt: skip
         self.rows = 0
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
         self._writing: Future[None] | None = None

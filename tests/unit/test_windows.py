@@ -147,3 +147,25 @@ def test_prompt_items_are_keyed_by_prompt_key_whatever_the_arrow_layout():
             assert items.rows.tolist() == [i for i, t in enumerate(part) if not pd.isna(t)]
     large = pd.Series(pd.arrays.ArrowExtensionArray(pa.array(["a", None, "b"], pa.large_string())))
     assert _prompt_items(large).keys.to_pylist() == [prompt_key("a"), prompt_key("b")]
+
+
+def test_counts_of_a_records_table_equal_those_of_its_frame():
+    """The finishing step counts a piece from its records table (no frame): the same rows."""
+    from pipeline.ingest.sinks import records_table
+    from pipeline.windows import records_window_counts, window_counts_table
+
+    rows = [
+        *_records().to_dict("records"),
+        {"ts": None, "prompt": "no time", "prefix_hashes": ["a"], "model": "m"},
+        {"ts": T0 + pd.Timedelta(minutes=-7), "prompt": None, "prefix_hashes": None,
+         "prompt_tokens": None, "output_tokens": 4, "adapter": "lora2"},
+        {"ts": T0 + pd.Timedelta(seconds=599, microseconds=999_999), "prompt": "",
+         "prefix_hashes": [], "tenant": "t2"},
+    ]  # fmt: skip
+    frame = records_frame(rows)
+    keys = [("item_kind", "ascending"), ("item_key", "ascending"), ("window_start", "ascending")]
+    for part in (frame, frame.iloc[3:], frame.iloc[:0]):
+        for window in ("10min", "7min", "1h"):
+            expected = window_counts_table(part, window, ordered=False).sort_by(keys)
+            got = records_window_counts(records_table(part), window).sort_by(keys)
+            assert got.equals(expected)

@@ -85,3 +85,38 @@ def test_more_kinds_than_an_integer_holds_are_summed_by_a_group_by():
 
 def test_no_counts_sum_to_an_empty_table():
     assert sum_counts([]).num_rows == 0
+
+
+#: keys of one width within a kind (gathered as a byte matrix) and of several (by Arrow)
+HEX_KEYS = ["00ff00ff00ff00ff", "0a1b2c3d4e5f6a7b", "0a1b2c3d4e5f6a7c", "ffffffffffffffff"]
+WIDE_KEYS = [*HEX_KEYS, "m", "model-b"]
+fixed_rows = st.tuples(
+    st.sampled_from(["prefix", "prompt", "model"]),
+    st.integers(0, 3),
+    st.integers(0, 40),
+    st.integers(1, 5),
+    st.integers(0, 10**12),
+    st.integers(-3, 3),
+)
+
+
+def _fixed_width_frame(part: list[tuple], nested: bool) -> pd.DataFrame:
+    """A chunk's counts: prefix and prompt keys all 16 hex digits, model keys of two widths
+    (``nested``: a 16-digit one among them)."""
+    rows = [
+        (kind, (WIDE_KEYS[2 + k] if nested else WIDE_KEYS[4 + k % 2]) if kind == "model"
+         else HEX_KEYS[k], *rest)
+        for kind, k, *rest in part
+    ]  # fmt: skip
+    return _frame(rows)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(fixed_rows, min_size=1, max_size=30), min_size=1, max_size=5),
+       st.booleans())  # fmt: skip
+def test_keys_of_one_width_are_gathered_as_arrow_takes_them(parts, nested):
+    frames = [_fixed_width_frame(p, nested) for p in parts]
+    tables = [counts_table(f) for f in frames]
+    got = sum_counts([t.slice(1) if t.num_rows > 1 and i % 2 else t for i, t in enumerate(tables)])
+    kept = [f.iloc[1:] if len(f) > 1 and i % 2 else f for i, f in enumerate(frames)]
+    pd.testing.assert_frame_equal(_frame_of(got), _expected(kept))
