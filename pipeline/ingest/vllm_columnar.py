@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.ingest.lines import arrow_lines
+from pipeline.ingest.lines import binary_lines
 
 #: Python's ``\\s`` on ASCII text (RE2's ``\\s`` lacks ``\\v`` and ``\\x1c``-``\\x1f``)
 _SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f "
@@ -28,7 +28,7 @@ _CODES = r"(?:\x1b\[[0-9;]*m)*"
 #: it (colour codes only before it, none after it)
 _ACCESS_OK = (
     rf"^{_CODES}(?:\([^()\x1b]+ pid=[0-9]+\){_CODES} )?{_CODES}[A-Z]+:[{_SPACE}]+"
-    rf'[^{_SPACE}\x1b]* - "[A-Z]+ [^{_SPACE}\x1b]+ HTTP/[0-9.]+" [0-3][0-9][0-9][^\x1b]*$'
+    rf'[^{_SPACE}\x1b]* - "[A-Z]+ [^{_SPACE}\x1b]+ HTTP/[0-9.]+" [0-3][0-9][0-9][^\x1b]*\n$'
 )
 
 
@@ -37,8 +37,8 @@ def served_access_lines(lines: Sequence[str]) -> np.ndarray | None:
     them (a boolean per line); None when the block cannot be put in Arrow (a lone
     surrogate)."""
     try:
-        raw = arrow_lines(lines).view(pa.binary())
-    except (pa.ArrowInvalid, UnicodeEncodeError):
+        raw = binary_lines(lines)  # each with its newline: the patterns end with it
+    except UnicodeEncodeError:
         return None
     found = np.array(pc.match_substring_regex(raw, _ACCESS_OK), dtype=bool)
     rows = np.flatnonzero(found)

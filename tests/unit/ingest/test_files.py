@@ -10,10 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_paths
-from pipeline.ingest.lines import BOM, LineReader
+from pipeline.ingest.lines import BOM, LineReader, binary_lines
 from pipeline.ingest.parse import ChunkSpec, parse_pieces, plan_chunks
 from pipeline.ingest.run import UTF16
 from pipeline.ingest.summary import Rejects
@@ -69,6 +71,34 @@ def test_chunks_cut_at_line_and_event_starts(tmp_path):
     data = path.read_bytes()
     for chunk in chunks[1:]:
         assert data[chunk.start : chunk.start + 4] == b"2025"  # an event, not a continuation
+
+
+def test_a_cut_past_a_long_line_starts_at_the_next_record(tmp_path):
+    """A planned cut inside a line longer than the first look past it (64 KiB) still finds
+    the next line start, as the whole scan does; no cut falls inside the long line."""
+    lines = V011.read_text().splitlines()
+    received = next(line for line in lines if "Received request" in line)
+    long_line = received.replace("prompt: '", "prompt: '" + "word " * 40_000, 1)  # ~200 KB
+    path = tmp_path / "vllm.txt"
+    path.write_text("\n".join([*lines, long_line, *lines, long_line, *lines]) + "\n")
+    data = path.read_bytes()
+    chunks = plan_chunks(path, "vllm", 1 << 16)
+    starts = [chunk.start for chunk in chunks]
+    assert len(starts) >= 3 and starts == sorted(set(starts))
+    assert all(data[start - 1 : start] == b"\n" for start in starts[1:])
+    long_spans = [(m, m + len(long_line)) for m in _finds(data, long_line.encode())]
+    assert not any(a < start < b for start in starts for a, b in long_spans)
+    # the cut planned inside the first long line goes to the line after it
+    first_end = long_spans[0][1] + 1
+    assert first_end in starts
+
+
+def _finds(data: bytes, needle: bytes) -> list[int]:
+    found, at = [], data.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = data.find(needle, at + 1)
+    return found
 
 
 def test_chunked_run_equals_single_run_for_vllm_and_tgi(tmp_path):
@@ -358,3 +388,21 @@ def test_a_distributed_assembly_keeps_its_parts_for_a_task_run_again(tmp_path):
     assert first["records"] == again["records"] > 100
     records = [pq.read_table(tmp_path / out / "records.parquet") for out in ("a", "b")]
     assert records[0].equals(records[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40), max_size=60),
+    st.integers(16, 200),
+)
+def test_a_blocks_binary_lines_are_its_lines_with_their_newlines(tmp_path_factory, lines, size):
+    """The bytes a column-wise reader gets of a block (viewed in place where the block decoded
+    whole, built otherwise) are each line's UTF-8 with one newline after it."""
+    texts = [line.replace("\n", " ").replace("\r", " ") for line in lines]
+    path = tmp_path_factory.mktemp("binary") / "x.log"
+    path.write_bytes("".join(f"{text}\n" for text in texts).encode())
+    seen = []
+    for _, block in LineReader(path, Rejects(str(path)), block_bytes=size):
+        assert binary_lines(block).to_pylist() == [f"{line}\n".encode() for line in block]
+        seen.extend(block)
+    assert seen == texts
