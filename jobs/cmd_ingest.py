@@ -23,6 +23,7 @@ from jobs import option_checks
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_to_dir
 from pipeline.ingest.detect import FORMATS
+from pipeline.ingest.heap import keep_freed_memory
 from pipeline.prefix import DEFAULT_BLOCK_SIZE
 
 #: below this many bytes a progress bar only flickers
@@ -134,6 +135,7 @@ def ingest(
         min_item_requests=min_item_requests,
     )  # fmt: skip
     run_state = IngestState.load(state) if state is not None else None
+    keep_freed_memory()  # this process ends with the run (see pipeline.ingest.heap)
     console = Console(stderr=True)
     show = not as_json and console.is_terminal and _total_bytes(paths) >= PROGRESS_MIN_BYTES
     with Progress(
