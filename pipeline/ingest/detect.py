@@ -80,4 +80,4 @@ def _best(
     claimed = next((f for f in candidates if f.claims(lines, path)), None)
     if claimed is not None:
         return len(lines) + 1, 0, claimed.name
-    return max((f.score(lines), -i, f.name) for i, f in enumerate(candidates))
+    return max((f.score(lines, path), -i, f.name) for i, f in enumerate(candidates))

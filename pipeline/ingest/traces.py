@@ -36,17 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.summary import Rejects
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
-from pipeline.records import RECORD_COLUMNS, conform_records
+from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, conform_records
 from pipeline.windows import COUNT_DTYPES
 
 TRACE_EPOCH = pd.Timestamp("2024-01-01T00:00:00Z")
 SERVEGEN_WINDOW_S = 600
 COUNT_COLUMNS = tuple(COUNT_DTYPES)
-_SERVEGEN_NAME = re.compile(r"chunk-(\d+)-trace\.csv$")
+_SERVEGEN_NAME = re.compile(r"chunk-(\d+)-trace\.csv(?:\.(?:gz|bz2|xz|zst))?$")
 
 Row = dict[str, Any]
 
@@ -81,9 +82,12 @@ def _rows(
     rejects: Rejects,
     parse: Callable[[str, int], Row | None],
     reader: LineReader | None = None,
+    dtypes: dict[str, str] = RECORD_DTYPES,
 ) -> list[Row]:
     """Rows of the lines of ``path`` (or of what ``reader`` reads of it: an incremental run's
-    byte range, leaving a half-written last line for the next run)."""
+    byte range, leaving a half-written last line for the next run). A row with a value its
+    column (of ``dtypes``) cannot hold is a reject naming the column: the rows become columns
+    all at once, where one such value would stop the whole file."""
     rows: list[Row] = []
     for line_no, line in _lines(path, rejects, reader):
         try:
@@ -91,9 +95,67 @@ def _rows(
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             rejects.add(f"bad row: {type(exc).__name__}", line_no, line)
             continue
-        if row is not None:
-            rows.append(row)
+        if row is None:
+            continue
+        fault = row_fault(row, dtypes)
+        if fault is not None:
+            rejects.add(f"bad row: {fault}", line_no, line)
+            continue
+        rows.append(row)
     return rows
+
+
+#: the integers a column of each integer dtype holds: [low, end)
+_INTEGER_RANGES = {
+    "Int64": (-(2**63), 2**63), "int64": (-(2**63), 2**63), "UInt64": (0, 2**64),
+}  # fmt: skip
+
+
+def row_fault(row: Row, dtypes: dict[str, str]) -> str | None:
+    """What keeps ``row`` out of the columns of ``dtypes`` ("<column> out of range", "<column>
+    not Int64", ...), or None. Times must be within pandas' nanosecond range (1677-2262):
+    parts hold them as nanoseconds."""
+    for column, value in row.items():
+        dtype = dtypes.get(column)
+        if value is None or dtype is None or dtype in ("string", "object"):
+            continue  # (a string column takes any value's text)
+        if dtype.startswith("datetime64"):
+            if not _in_time_range(value):
+                return f"{column} out of range"
+        elif not _holds(dtype, value):
+            return f"{column} not {dtype}"
+    return None
+
+
+def _in_time_range(value: Any) -> bool:
+    try:
+        pd.Timestamp(value).as_unit("ns")
+    except (ValueError, TypeError, OverflowError):  # OutOfBoundsDatetime is a ValueError
+        return False
+    return True
+
+
+def _holds(dtype: str, value: Any) -> bool:
+    """Whether a column of ``dtype`` (an integer, float or boolean dtype) takes ``value`` as
+    :func:`~pipeline.ingest.parse.heads_frame` converts it: integers by range, floats by
+    type; any other value is converted alone, as its column would convert it."""
+    bounds = _INTEGER_RANGES.get(dtype)
+    if type(value) is int and bounds is not None:
+        return bounds[0] <= value < bounds[1]
+    if type(value) is float and dtype in ("Float64", "float64"):
+        return True
+    if type(value) is float and dtype in ("Int64", "int64") and bounds is not None:
+        if value != value:  # NaN: missing, where a value may be
+            return dtype == "Int64"
+        return value.is_integer() and bounds[0] <= value < bounds[1]
+    try:
+        if dtype == "UInt64":  # (through Arrow: pandas would read it as float64)
+            pa.array([value], pa.uint64())
+        else:
+            pd.array([value], dtype=dtype)
+    except Exception:  # pandas raises several unrelated types (IndexError for a list ...)
+        return False
+    return True
 
 
 def _trace_frame(rows: list[Row]) -> pd.DataFrame:
@@ -183,12 +245,11 @@ def read_azure(path: str | Path) -> pd.DataFrame:
 # --- ServeGen -------------------------------------------------------------------------------
 
 
-def servegen_client(path: Path) -> str:
-    """``client-<n>`` from a ``chunk-<n>-trace.csv`` name (the file name is the only id)."""
+def servegen_client(path: Path) -> str | None:
+    """``client-<n>`` from a ``chunk-<n>-trace.csv`` name, compressed or not (the file name
+    is the only id); None where the name names no client."""
     match = _SERVEGEN_NAME.search(path.name)
-    if match is None:
-        raise ValueError(f"{path.name}: not a ServeGen chunk-<n>-trace.csv name")
-    return f"client-{match.group(1)}"
+    return None if match is None else f"client-{match.group(1)}"
 
 
 def servegen_rows(
@@ -197,8 +258,14 @@ def servegen_rows(
     epoch: pd.Timestamp = TRACE_EPOCH,
     reader: LineReader | None = None,
 ) -> list[Row]:
-    """Counts rows (tenant × window) of one ServeGen client file; idle windows dropped."""
+    """Counts rows (tenant × window) of one ServeGen client file; idle windows dropped. In a
+    file whose name names no client (read as ServeGen by ``--format``), every row is a reject
+    saying so."""
     client = servegen_client(path)
+    if client is None:
+        for line_no, line in _lines(path, rejects, reader):
+            rejects.add("ServeGen row of a file not named chunk-<n>-trace.csv", line_no, line)
+        return []
 
     def parse(line: str, line_no: int) -> Row | None:
         fields = line.rstrip("\r").split(",")
@@ -214,7 +281,7 @@ def servegen_rows(
         return {"item_kind": "tenant", "item_key": client, "window_start": start,
                 "requests": requests, "prompt_tokens": 0, "output_tokens": 0}  # fmt: skip
 
-    return _rows(path, rejects, parse, reader)
+    return _rows(path, rejects, parse, reader, COUNT_DTYPES)
 
 
 def counts_frame(rows: list[Row]) -> pd.DataFrame:

@@ -60,8 +60,8 @@ class InputFormat:
         """Whether the head settles the format by itself (a header, a file-name rule)."""
         return False
 
-    def score(self, lines: Sequence[str]) -> int:
-        """How many head lines look like this format."""
+    def score(self, lines: Sequence[str], path: Path) -> int:
+        """How many head lines of ``path`` look like this format."""
         return sum(1 for line in lines if self.matches(line))
 
 

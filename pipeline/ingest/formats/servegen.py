@@ -18,6 +18,11 @@ from pipeline.ingest.summary import Rejects
 _ROW = re.compile(r"\d+(?:\.\d+)?,\d+(?:\.\d+)?(?:e-?\d+)?,[^,]*,[A-Za-z]*,[^,]*,[^,]*$")
 
 
+def _named(path: Path) -> bool:
+    """Whether ``path``'s name is a ServeGen client file's (``chunk-<n>-trace.csv[.gz]``)."""
+    return traces.servegen_client(path) is not None
+
+
 @dataclass(frozen=True)
 class ServeGenFormat(TraceFormat):
     """Headerless rows ``window_start_s,rate,iat_cv,dist,p1,p2``; the file name names the
@@ -27,8 +32,11 @@ class ServeGenFormat(TraceFormat):
         return bool(_ROW.match(line))
 
     def claims(self, lines: Sequence[str], path: Path) -> bool:
-        named = path.name.endswith(("-trace.csv", "-trace.csv.gz"))
-        return named and any(self.matches(line) for line in lines)
+        return _named(path) and any(self.matches(line) for line in lines)
+
+    def score(self, lines: Sequence[str], path: Path) -> int:
+        """0 for a file whose name names no client: its rows alone are any numeric CSV's."""
+        return super().score(lines, path) if _named(path) else 0
 
     def read(
         self, path: Path, rejects: Rejects, options: IngestOptions, reader: LineReader

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.lines import BOM, LineReader
+from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.reprs import (
     PY_STR,
     decode_python_str,
@@ -21,9 +22,16 @@ from pipeline.ingest.reprs import (
     python_str_at,
     split_top_level,
 )
+from pipeline.ingest.run import write_part
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser, parse_spans, span_fields
-from pipeline.ingest.traces import azure_rows, jsonl_rows, mooncake_rows, servegen_rows
+from pipeline.ingest.traces import (
+    azure_rows,
+    counts_frame,
+    jsonl_rows,
+    mooncake_rows,
+    servegen_rows,
+)
 from pipeline.ingest.vllm import VllmChunkParser
 from tests.conftest import SHARED_DATA
 
@@ -138,20 +146,43 @@ def test_line_reader_loses_nothing_within_the_cap(data, cap):
     assert reader.lines == len(raw)
 
 
+#: values a trace row may print: counts past 64 bits, times past pandas' range (1677-2262)
+_TRACE_VALUES = st.one_of(
+    st.integers(-5, 10**20),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=10),
+    st.none(),
+    st.lists(st.integers(-3, 3), max_size=5),
+    st.booleans(),
+    st.sampled_from(["2025-06-03T09:41:17Z", "3000-01-01", "1600-01-01T00:00:00Z", "812"]),
+)
+_TRACE_KEYS = st.sampled_from(
+    ["ts", "timestamp", "input_length", "output_length", "hash_ids", "prompt", "token_ids",
+     "prefix_hashes", "prompt_tokens", "output_tokens", "seed", "temperature", "top_k",
+     "prompt_truncated", "tenant", "ttft_s"]
+)  # fmt: skip
+_CSV_ROWS = st.tuples(
+    st.sampled_from(["2023-11-16 18:17:03.9799600", "3000-01-01 00:00:00", "0", "1e300"]),
+    st.sampled_from(["4808", "1e300", str(2**64), "-1", "x", "Weibull"]),
+    st.sampled_from(["10", str(2**63), "0.5"]),
+    st.sampled_from(["", ",Weibull,1,2", ",Gamma,0.5,1e300"]),
+).map(lambda t: ",".join(t))
+
+
 @FAST
-@given(st.lists(st.one_of(st.text(max_size=80), st.builds(json.dumps, st.dictionaries(
-    st.sampled_from(["ts", "timestamp", "input_length", "output_length", "hash_ids",
-                     "prompt", "token_ids", "prefix_hashes"]),
-    st.one_of(st.integers(-5, 10**20), st.floats(), st.text(max_size=10), st.none(),
-              st.lists(st.integers(-3, 3), max_size=5), st.booleans()),
-))), max_size=20))  # fmt: skip
+@given(st.lists(st.one_of(st.text(max_size=80), _CSV_ROWS,
+                          st.builds(json.dumps, st.dictionaries(_TRACE_KEYS, _TRACE_VALUES))),
+                max_size=20))  # fmt: skip
 def test_trace_readers_count_every_bad_row(lines):
+    """Every line is a row or a reject, and the rows kept become columns: a value its column
+    cannot hold (a count past 64 bits, a time past 2262) rejects its row, not the file."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "chunk-3-trace.csv"
-        path.write_text(
-            "\n".join(line.replace("\n", " ").replace("\r", " ") for line in lines) + "\n"
-        )
-        nonblank = sum(1 for line in lines if line.replace("\n", " ").replace("\r", " ").strip())
+        text = "\n".join(line.replace("\n", " ").replace("\r", " ") for line in lines) + "\n"
+        path.write_text(text)
+        # (a byte-order mark at the start of the file is no line's)
+        nonblank = sum(1 for line in text.removeprefix("\ufeff").split("\n") if line.strip())
         for read in (mooncake_rows, jsonl_rows, azure_rows, servegen_rows):
             rejects = Rejects(str(path))
             rows = read(path, rejects)  # type: ignore[operator]
@@ -159,6 +190,10 @@ def test_trace_readers_count_every_bad_row(lines):
                 assert len(rows) + rejects.total == nonblank
             else:  # a CSV header and idle ServeGen windows are skipped, not rejected
                 assert len(rows) + rejects.total <= nonblank
+            if read is servegen_rows:
+                counts_frame(rows)
+            else:
+                write_part(heads_frame(rows, text_ts=False), str(Path(folder) / "heads.arrow"))
 
 
 @FAST

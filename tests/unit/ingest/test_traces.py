@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.traces import (
     TRACE_EPOCH,
@@ -140,3 +142,91 @@ def test_multi_member_gzip_reads_every_member(tmp_path):
     rejects = Rejects(str(path))
     assert len(mooncake_rows(path, rejects)) == 5
     assert rejects.total == 0
+
+
+#: prewarm JSONL lines each holding one value its record column cannot hold
+_UNHELD = {
+    "ts past 2262": ('{"ts": "3000-01-01T00:00:00Z", "request_id": "x"}', "ts out of range"),
+    "count past 64 bits": (
+        f'{{"ts": 1700000000, "request_id": "x", "prompt_tokens": {2**63}}}',
+        "prompt_tokens not Int64",
+    ),
+    "seed past u64": (
+        f'{{"ts": 1700000000, "request_id": "x", "seed": {2**64}}}',
+        "seed not UInt64",
+    ),
+    "negative seed": ('{"ts": 1700000000, "request_id": "x", "seed": -1}', "seed not UInt64"),
+    "fractional top_k": ('{"ts": 1700000000, "request_id": "x", "top_k": 1.5}', "top_k not Int64"),
+    "word as a flag": (
+        '{"ts": 1700000000, "request_id": "x", "prompt_truncated": "yes"}',
+        "prompt_truncated not boolean",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNHELD))
+def test_a_value_its_column_cannot_hold_rejects_its_row_only(tmp_path, case):
+    """Such a value stopped the whole file (OutOfBoundsDatetime, OverflowError when the rows
+    became columns); now its row is one reject naming the column, its neighbours as without it."""
+    line, reason = _UNHELD[case]
+    good = [
+        json.dumps({"ts": "2025-06-03T09:41:17Z", "request_id": "a", "prompt_tokens": 5,
+                    "seed": 2**64 - 1, "top_k": 40, "prompt_truncated": False}),
+        json.dumps({"ts": 1700000000.5, "request_id": "b", "temperature": 0.7}),
+    ]  # fmt: skip
+    clean, dirty = tmp_path / "clean" / "req.jsonl", tmp_path / "dirty" / "req.jsonl"
+    for path, lines in ((clean, good), (dirty, [good[0], line, good[1]])):
+        path.parent.mkdir()
+        path.write_text("\n".join(lines) + "\n")
+    kept, alone = ingest_paths([dirty]), ingest_paths([clean])
+    pd.testing.assert_frame_equal(kept.records, alone.records)
+    rejects = kept.summary[0].rejects
+    assert dict(rejects.counts) == {f"bad row: {reason}": 1}
+    assert rejects.sample_lines()[f"bad row: {reason}"] == [f"{dirty}:2: {line}"]
+    assert kept.records.set_index("request_id").loc["a", "seed"] == 2**64 - 1  # (exactly)
+
+
+def test_trace_times_and_counts_past_their_range_reject_their_rows(tmp_path):
+    mooncake = tmp_path / "mc.jsonl"
+    row = '{{"timestamp": {}, "input_length": {}, "output_length": 1, "hash_ids": [1]}}'
+    years_400 = 400 * 365 * 86400 * 1000  # ms: past 2262 from the 2024 epoch
+    mooncake.write_text("\n".join([row.format(0, 5), row.format(years_400, 5),
+                                   row.format(1, 2**63), row.format(2, 6)]) + "\n")  # fmt: skip
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4,5\n"
+                     f"3000-01-01 00:00:00,4,5\n2023-11-16 18:17:04.0,{2**64},5\n"
+                     "2023-11-16 18:17:05.0,6,7\n")  # fmt: skip
+    servegen = tmp_path / "chunk-7-trace.csv"
+    servegen.write_text("0,1.5,1,Gamma,1,1\n600,1e300,1,Gamma,1,1\n1200,0.5,1,Gamma,1,1\n")
+    result = ingest_paths([mooncake, azure, servegen])
+    by_file = {Path(s.path).name: s for s in result.summary}
+    assert dict(by_file["mc.jsonl"].rejects.counts) == {
+        "bad row: ts out of range": 1, "bad row: prompt_tokens not Int64": 1
+    }  # fmt: skip
+    assert dict(by_file["azure.csv"].rejects.counts) == {
+        "bad row: ts out of range": 1, "bad row: prompt_tokens not Int64": 1
+    }  # fmt: skip
+    assert dict(by_file["chunk-7-trace.csv"].rejects.counts) == {"bad row: requests not int64": 1}
+    assert (by_file["mc.jsonl"].records, by_file["azure.csv"].records) == (2, 2)
+    tenant = result.counts[result.counts["item_key"] == "client-7"]
+    assert tenant["requests"].tolist() == [900, 300]
+
+
+def test_servegen_is_known_by_its_file_name_compressed_too(tmp_path):
+    """A client's rows under another name are no ServeGen file (the name is the client's only
+    id: reading one stopped the ingest with a ValueError), a compressed one is."""
+    source = TRACES / "servegen" / "m-large" / "chunk-0-trace.csv"
+    packed = tmp_path / "chunk-0-trace.csv.gz"
+    packed.write_bytes(gzip.compress(source.read_bytes()))
+    renamed = tmp_path / "client.csv"
+    renamed.write_bytes(source.read_bytes())
+    result = ingest_paths([packed, renamed])
+    formats = {Path(s.path).name: s.format for s in result.summary}
+    assert formats == {"chunk-0-trace.csv.gz": "servegen", "client.csv": "unknown"}
+    expected = read_servegen(source)
+    assert len(result.counts) == len(expected)
+    assert result.counts["requests"].sum() == expected["requests"].sum()
+    forced = ingest_paths([renamed], IngestOptions(format="servegen")).summary[0]
+    lines = len(source.read_text().splitlines())
+    reason = "ServeGen row of a file not named chunk-<n>-trace.csv"
+    assert dict(forced.rejects.counts) == {reason: lines}
