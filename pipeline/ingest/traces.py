@@ -127,7 +127,13 @@ def row_fault(row: Row, dtypes: dict[str, str]) -> str | None:
     return None
 
 
+#: the first and last times a part holds (nanoseconds since 1970 in 64 bits)
+_FIRST_NS, _LAST_NS = pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC")
+
+
 def _in_time_range(value: Any) -> bool:
+    if isinstance(value, pd.Timestamp) and value.tzinfo is not None:  # (the readers' times)
+        return bool(_FIRST_NS <= value <= _LAST_NS)
     try:
         pd.Timestamp(value).as_unit("ns")
     except (ValueError, TypeError, OverflowError):  # OutOfBoundsDatetime is a ValueError
