@@ -73,6 +73,14 @@ def arrow_to_pandas(values: pa.Array, dtype: str) -> pd.api.extensions.Extension
     return pd.api.types.pandas_dtype(dtype).__from_arrow__(values)
 
 
+def typed_values(values: list[object], dtype: str) -> object:
+    """Python values as a pandas array of ``dtype``; unsigned 64-bit values through Arrow,
+    exactly (pandas reads a list mixing values below and above 2**63 through float64)."""
+    if dtype == "UInt64":
+        return arrow_to_pandas(pa.array(values, pa.uint64()), dtype)
+    return pd.array(values, dtype=dtype)
+
+
 def durations_s(text: pa.Array) -> pa.Array:
     """Rust ``Duration`` Debug texts (``_DURATION``, checked before) in seconds: number times
     its unit, cut by trimming."""

@@ -5,9 +5,10 @@ most 32 MiB) by a fresh mapping and returns it when freed, and gives the top of 
 past its trim threshold; either way the next block of that size is new memory, whose every
 4 KiB page costs a page fault when first written (a few microseconds under a hypervisor). An
 ingest decodes 8 MiB blocks and builds a chunk's lines, records and tables again and again:
-on a 1 GB vLLM log with 2 workers, 460k minor faults, ~3 s of system time. Keeping freed
-memory (blocks up to 64 MiB from the heap, 256 MiB of free heap kept) makes it ~250k faults
-and ~0.7 s less system time, for ~40 MB more resident memory per process. Worker processes
+on a 1 GB vLLM log with 2 workers, ~460k minor faults. Keeping freed memory (blocks up to
+64 MiB from the heap, 256 MiB of free heap kept) makes it ~290k, for 20-40 MB more peak
+resident memory in the largest process; the system time saved was within the noise of the
+2-core machine it was measured on. Worker processes
 forked after the call inherit it. Only for a process that ends when its ingest ends (the CLI):
 a long-lived worker would keep its peak heap for good.
 """

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from pipeline.ingest import formats, line_prefixes
 from pipeline.ingest.chunk import HEAD_FIELDS, METRIC_FIELDS, ChunkResult
-from pipeline.ingest.columnar import arrow_to_pandas
+from pipeline.ingest.columnar import arrow_to_pandas, typed_values
 from pipeline.ingest.formats import LogFormat, TraceFormat
 from pipeline.ingest.lines import BLOCK_BYTES, LineReader, is_compressed
 from pipeline.ingest.options import IngestOptions
@@ -306,7 +306,7 @@ def heads_frame(
     # map(dict.get, ...) runs the per-row lookups in C: ~2x a comprehension on 25 columns
     data = {c: list(map(dict.get, heads, repeat(c))) for c in columns}
     frame = pd.DataFrame(
-        {c: _typed(v, _HEAD_DTYPES[c]) for c, v in data.items() if c in _HEAD_DTYPES}
+        {c: typed_values(v, _HEAD_DTYPES[c]) for c, v in data.items() if c in _HEAD_DTYPES}
     )
     frame["_line"] = frame["_line"].fillna(0).astype("int64")
     frame["source"] = pd.array(data["source"], dtype="string")
@@ -360,7 +360,9 @@ def _arrow_column(values: list[object], field: pa.Field) -> pa.Array:
     (a bool among integers ...) goes through pandas' conversion, as :func:`heads_frame`'s."""
     if field.name == "prefix_hashes":  # chains of hex strings (anything else: a parser's bug)
         return pa.array(values, field.type, from_pandas=True)
-    return _part_column(values, field, lambda: pa.array(_typed(values, _head_dtype(field.name))))
+    return _part_column(
+        values, field, lambda: pa.array(typed_values(values, _head_dtype(field.name)))
+    )
 
 
 def _part_column(
@@ -404,14 +406,6 @@ def _part_frame(table: pa.Table) -> pd.DataFrame:
 
 def _head_dtype(column: str) -> str:
     return "string" if column in ("ts", "source") else _HEAD_DTYPES[column]
-
-
-def _typed(values: list[object], dtype: str) -> object:
-    """Python values as a pandas array of ``dtype``; unsigned 64-bit values through Arrow,
-    exactly (pandas reads a list mixing values below and above 2**63 through float64)."""
-    if dtype == "UInt64":
-        return arrow_to_pandas(pa.array(values, pa.uint64()), dtype)
-    return pd.array(values, dtype=dtype)
 
 
 def _head_columns(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 
+from pipeline.ingest.columnar import typed_values
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.summary import Rejects
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
@@ -144,7 +144,7 @@ def _in_time_range(value: Any) -> bool:
 def _holds(dtype: str, value: Any) -> bool:
     """Whether a column of ``dtype`` (an integer, float or boolean dtype) takes ``value`` as
     :func:`~pipeline.ingest.parse.heads_frame` converts it: integers by range, floats by
-    type; any other value is converted alone, as its column would convert it."""
+    type; any other value is converted alone by that conversion (:func:`typed_values`)."""
     bounds = _INTEGER_RANGES.get(dtype)
     if type(value) is int and bounds is not None:
         return bounds[0] <= value < bounds[1]
@@ -155,10 +155,7 @@ def _holds(dtype: str, value: Any) -> bool:
             return dtype == "Int64"
         return value.is_integer() and bounds[0] <= value < bounds[1]
     try:
-        if dtype == "UInt64":  # (through Arrow: pandas would read it as float64)
-            pa.array([value], pa.uint64())
-        else:
-            pd.array([value], dtype=dtype)
+        typed_values([value], dtype)
     except Exception:  # pandas raises several unrelated types (IndexError for a list ...)
         return False
     return True
