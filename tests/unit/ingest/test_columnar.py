@@ -197,3 +197,40 @@ def test_token_ids_counted_apart_read_as_the_whole_rest(lines):
         out.append((result.heads, result.tails, result.rejects.to_dict(), result.cap_evidence,
                     result.longest_ids))  # fmt: skip
     assert got == want
+
+
+#: the requests of the example logs and of generated ones, each as its lines in log order: a
+#: request's later lines join the record its ``Received request`` line made (random lines of
+#: many files seldom hold two lines of one request)
+_REQUESTS = [
+    [line for line in VLLM_LINES if request_id in line]
+    for request_id in dict.fromkeys(
+        re.findall(r"Generated response (\S+?)[ :]", "\n".join(VLLM_LINES))
+    )
+] + [list(islice(vllm_lines(seed), 4)) for seed in range(20)]
+#: what may land in a ``Generated response`` line's output ids or finish reason
+_OUTPUT_NOISE = st.sampled_from(
+    ["", " ", ",", "7", "]", "[", "(", ")", ":", "None", "stop", "length", "abort", "\r",
+     ", finish_reason: ", ", output_token_ids: [", " (streaming delta)", "٣", "\u00a0"]
+)  # fmt: skip
+
+
+@st.composite
+def request_mutants(draw: st.DrawFn) -> list[str]:
+    """A request's lines, its ``Generated response`` lines changed after their output text."""
+    lines = list(draw(st.sampled_from(_REQUESTS)))
+    for i, line in enumerate(lines):
+        if "Generated response" not in line or not draw(st.booleans()):
+            continue
+        start = line.find(": output: ")
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(max(start, 0), len(line)))
+            line = line[:at] + draw(_OUTPUT_NOISE) + line[at + draw(st.integers(0, 2)) :]
+        lines[i] = line
+    return lines
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(request_mutants(), max_size=4))
+def test_whole_requests_read_by_the_fast_path_equal_the_per_line_path(requests):
+    _same_vllm_result([line for lines in requests for line in lines])
