@@ -10,7 +10,7 @@ FORMATS.md) in a temporary folder, then for each file:
   - then timed ``--runs`` times (default 1), with the CPU time of its tree (to show the
     cores in use), and nothing else watching it: the fastest run is reported, as grep's
     best of 2 is, and every run's wall time beside it (``ingest_wall_s_runs``; on a shared
-    virtual machine the same run's wall time was seen to vary from 10.1 to 15.7 s).
+    virtual machine the same run's wall time was seen to vary from 10.1 to 16.5 s).
 
 The timed run is not sampled: reading a process's PSS walks its page tables (~6 ms of kernel
 time for a worker of 400 MB) and holds its memory map's lock, which stalls the worker's page
