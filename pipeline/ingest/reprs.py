@@ -193,6 +193,8 @@ def as_float(raw: str | None) -> float | None:
 
 #: the records' integers are 64-bit: a printed one outside is left out, never wrapped
 INT64 = range(-(2**63), 2**63)
+#: what an unsigned 64-bit integer (a seed) holds
+UINT64 = range(2**64)
 
 
 def as_int(raw: str | None) -> int | None:
@@ -223,7 +225,7 @@ def seed_u64(raw: str | None) -> int | None:
     if raw is None or not (raw.isascii() and raw.isdigit()):
         return None
     value = int(raw)
-    return value if value < 2**64 else None
+    return value if value in UINT64 else None
 
 
 def params_hash(params: Mapping[str, object]) -> str:

@@ -39,6 +39,7 @@ import pandas as pd
 
 from pipeline.ingest.columnar import typed_values
 from pipeline.ingest.lines import LineReader
+from pipeline.ingest.reprs import INT64, UINT64
 from pipeline.ingest.summary import Rejects
 from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
 from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, conform_records
@@ -105,10 +106,8 @@ def _rows(
     return rows
 
 
-#: the integers a column of each integer dtype holds: [low, end)
-_INTEGER_RANGES = {
-    "Int64": (-(2**63), 2**63), "int64": (-(2**63), 2**63), "UInt64": (0, 2**64),
-}  # fmt: skip
+#: the integers a column of each integer dtype holds
+_INTEGER_RANGES = {"Int64": INT64, "int64": INT64, "UInt64": UINT64}
 
 
 def row_fault(row: Row, dtypes: dict[str, str]) -> str | None:
@@ -147,13 +146,13 @@ def _holds(dtype: str, value: Any) -> bool:
     type; any other value is converted alone by that conversion (:func:`typed_values`)."""
     bounds = _INTEGER_RANGES.get(dtype)
     if type(value) is int and bounds is not None:
-        return bounds[0] <= value < bounds[1]
+        return value in bounds
     if type(value) is float and dtype in ("Float64", "float64"):
         return True
     if type(value) is float and dtype in ("Int64", "int64") and bounds is not None:
         if value != value:  # NaN: missing, where a value may be
             return dtype == "Int64"
-        return value.is_integer() and bounds[0] <= value < bounds[1]
+        return value.is_integer() and int(value) in bounds  # (a float: ranges test ints)
     try:
         typed_values([value], dtype)
     except Exception:  # pandas raises several unrelated types (IndexError for a list ...)
