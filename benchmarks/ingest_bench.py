@@ -109,7 +109,7 @@ def _ingest(path: Path, out: Path, workers: int, runs: int) -> dict[str, Any]:
     best = min(timed, key=lambda run: run["wall_s"])
     return {**best, "peak_pss_mb": sampled["peak_pss_mb"], "peak_rss_mb": sampled["peak_rss_mb"],
             "sampled_wall_s": sampled["wall_s"],
-            "wall_s_runs": [round(run["wall_s"], 2) for run in timed]}  # fmt: skip
+            "wall_s_runs": [run["wall_s"] for run in timed]}  # fmt: skip
 
 
 def _run_ingest(path: Path, out: Path, workers: int, sampled: bool) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def bench_one(kind: str, folder: Path, size_mb: int, workers: int, runs: int) ->
         "grep_c_s": round(grep_s, 3),
         "grep_c_count": grep_count,
         "ingest_wall_s": round(run["wall_s"], 2),
-        "ingest_wall_s_runs": run["wall_s_runs"],
+        "ingest_wall_s_runs": [round(wall, 2) for wall in run["wall_s_runs"]],
         "sampled_wall_s": round(run["sampled_wall_s"], 2),
         "ingest_cpu_s": round(run["cpu_s"], 2),
         "cores_used": round(run["cpu_s"] / run["wall_s"], 2),
@@ -173,13 +173,24 @@ def bench_one(kind: str, folder: Path, size_mb: int, workers: int, runs: int) ->
     }
 
 
+def _positive(text: str) -> int:
+    """A count of at least 1 (argparse reports anything else as a usage error, exit 2)."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--formats", default="vllm,tgi")
     parser.add_argument("--tmp", default=None, help="folder for the generated data")
-    parser.add_argument("--runs", type=int, default=1, help="timed runs (the fastest counts)")
+    parser.add_argument("--runs", type=_positive, default=1, help="timed runs (the fastest counts)")
     args = parser.parse_args()
     free = shutil.disk_usage(args.tmp or tempfile.gettempdir()).free
     if free < 3.2 * args.size_mb * 2**20:  # (a run's output is removed before the next)

@@ -8,9 +8,9 @@ ingest decodes 8 MiB blocks and builds a chunk's lines, records and tables again
 on a 1 GB vLLM log with 2 workers, ~460k minor faults. Keeping freed memory (blocks up to
 64 MiB from the heap, 256 MiB of free heap kept) makes it ~290k, for 20-40 MB more peak
 resident memory in the largest process; the system time saved was within the noise of the
-2-core machine it was measured on. Worker processes
-forked after the call inherit it. Only for a process that ends when its ingest ends (the CLI):
-a long-lived worker would keep its peak heap for good.
+2-core machine it was measured on. Worker processes forked after the call inherit it. Only
+for a process that ends when its ingest ends (the CLI): a long-lived worker would keep its
+peak heap for good.
 """
 
 from __future__ import annotations

@@ -208,10 +208,11 @@ _REQUESTS = [
         re.findall(r"Generated response (\S+?)[ :]", "\n".join(VLLM_LINES))
     )
 ] + [list(islice(vllm_lines(seed), 4)) for seed in range(20)]
-#: what may land in a ``Generated response`` line's output ids or finish reason
-_OUTPUT_NOISE = st.sampled_from(
-    ["", " ", ",", "7", "]", "[", "(", ")", ":", "None", "stop", "length", "abort", "\r",
-     ", finish_reason: ", ", output_token_ids: [", " (streaming delta)", "٣", "\u00a0"]
+#: what may land in a ``Generated response`` line's output ids or finish reason: what lands in
+#: an id list, and the pieces of the line's end
+_OUTPUT_NOISE = _ID_NOISE | st.sampled_from(
+    ["stop", "length", "abort", "\r", ", finish_reason: ", ", output_token_ids: [",
+     " (streaming delta)"]
 )  # fmt: skip
 
 
