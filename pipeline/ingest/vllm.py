@@ -133,21 +133,27 @@ _AFTER_IDS = frozenset(
     for adapter in ("", ", prompt_adapter_request: None")
 )
 _IDS_KEY = ", prompt_token_ids: ["
+#: the tail keys found before the token ids (see :meth:`VllmChunkParser._after_prompt`): one
+#: that is printed before the ids but not after them would take them into its value
+_KEYS_BEFORE_IDS = _TAIL_KEYS[: _TAIL_KEYS.index(", prompt_token_ids: ")]
 
 
 def without_token_ids(rest: str) -> tuple[str, int | None]:
     """What follows a prompt with its flat token-id list printed as ``[]`` (requests that
     differ only by their ids then share one read), and the list's count; ``rest`` and None
     when it holds no such list as its last part (read whole then). Both read alike: the list
-    is whole either way, and holds no key the tail keys could find instead."""
+    is whole either way, holds no key the tail keys could find instead, and no key found
+    before it (:data:`_KEYS_BEFORE_IDS`) is printed before it and not after it."""
     at = rest.rfind(_IDS_KEY)
     close = rest.find("]", at) if at >= 0 else -1
-    if close < 0 or rest[close + 1 :] not in _AFTER_IDS:
+    if close < 0 or (after := rest[close + 1 :]) not in _AFTER_IDS:
         return rest, None
+    if any(key not in after and rest.find(key, 0, close) >= 0 for key in _KEYS_BEFORE_IDS):
+        return rest, None  # (``lora_request: X, prompt_token_ids: [..]``: X's value holds them)
     body = rest[at + len(_IDS_KEY) : close]
     if "[" in body or "(" in body or ")" in body or ":" in body:  # (nested, or a key inside)
         return rest, None
-    return f"{rest[:at]}, prompt_token_ids: []{rest[close + 1 :]}", listed_count(body)
+    return f"{rest[:at]}, prompt_token_ids: []{after}", listed_count(body)
 
 
 def listed_count(body: str) -> int:

@@ -182,6 +182,19 @@ def id_list_mutants(draw: st.DrawFn) -> str:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(id_list_mutants(), st.sampled_from(_WITH_IDS)), max_size=12))
 def test_token_ids_counted_apart_read_as_the_whole_rest(lines):
+    _same_with_ids_counted_apart(lines)
+
+
+def test_token_ids_after_a_lora_request_key_are_its_value_either_way():
+    # found by the property test above: the whole rest's reader finds ", lora_request: "
+    # before the ids, so a key printed before the list and not after it takes the list
+    line = next(line for line in _WITH_IDS if line.endswith(", lora_request: None."))
+    _same_with_ids_counted_apart(
+        [line.replace(", lora_request: None.", ", lora_request: N, prompt_token_ids: [7].")]
+    )
+
+
+def _same_with_ids_counted_apart(lines: list[str]) -> None:
     got, want = [], []
     for out, cut in ((got, True), (want, False)):
         result = ChunkResult("x.log", "vllm")
