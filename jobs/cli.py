@@ -11,6 +11,7 @@ everywhere; ``prewarm --version`` prints the installed version.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -61,6 +62,13 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "jobs.report": ("report",),
     "jobs.cmd_status": ("status",),
 }
+#: settings a command's process wants of the libraries its module loads: read once, when a
+#: library loads, so set before the module is imported (a value the caller set is kept).
+#: Arrow's allocator (mimalloc) gives freed pages back to the system after a delay, and the
+#: next chunk's buffers fault them in again: a 1 GB vLLM ingest on 2 cores had ~300k minor
+#: faults, ~150k with them kept (and 1-2 s less system time). An ingest's process ends with
+#: its run (see pipeline.ingest.heap), so it keeps them.
+COMMAND_ENVIRONMENT: dict[str, dict[str, str]] = {"ingest": {"MIMALLOC_PURGE_DELAY": "-1"}}
 #: root options that take a value (the command is the first word after them)
 _ROOT_VALUE_OPTIONS = ("--config", "-c")
 
@@ -92,8 +100,6 @@ def _root(
     ] = False,
 ) -> None:
     if config is not None:
-        import os
-
         os.environ["PREWARM_CONFIG"] = str(config)
 
 
@@ -103,8 +109,11 @@ _registered: list[str] = []
 def _register_commands(argv: list[str] | None = None) -> None:
     """Add the command modules' commands to ``app``, once per process: only the module of the
     command ``argv`` names, or every module (no command, an unknown one, ``None``: the help
-    lists them all, and a typo gets its suggestions)."""
+    lists them all, and a typo gets its suggestions). The named command's
+    :data:`COMMAND_ENVIRONMENT` is set first."""
     named = _command_named(argv) if argv is not None else None
+    for name, value in COMMAND_ENVIRONMENT.get(named or "", {}).items():
+        os.environ.setdefault(name, value)
     modules = [m for m, names in COMMAND_MODULES.items() if named in names] or COMMAND_MODULES
     for name in modules:
         if name not in _registered:

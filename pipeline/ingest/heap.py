@@ -10,7 +10,9 @@ on a 1 GB vLLM log with 2 workers, ~460k minor faults. Keeping freed memory (blo
 resident memory in the largest process; the system time saved was within the noise of the
 2-core machine it was measured on. Worker processes forked after the call inherit it. Only
 for a process that ends when its ingest ends (the CLI): a long-lived worker would keep its
-peak heap for good.
+peak heap for good. Arrow's buffers come from its own allocator (mimalloc), which hands freed
+pages back after a delay: the CLI keeps those too, with ``MIMALLOC_PURGE_DELAY=-1`` set before
+Arrow loads (``COMMAND_ENVIRONMENT`` in :mod:`jobs.cli`; it is read only then).
 """
 
 from __future__ import annotations
