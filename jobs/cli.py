@@ -184,6 +184,13 @@ def usage_line(exc: Exception, argv: Sequence[str] = ()) -> str:
     return f"{command}: usage: {message} (see '{command} -h')"
 
 
+def file_error_line(exc: OSError, argv: Sequence[str] = ()) -> str:
+    """One line for a file the system refused a command (a full disk, no permission): the
+    command, the file, the system's reason."""
+    reason = exc.strerror or type(exc).__name__
+    return f"{command_path(argv)}: error: {exc.filename}: {reason}"
+
+
 def _exit_code(exc: Exception) -> int:
     code = getattr(exc, "exit_code", 1)
     return code if isinstance(code, int) else 1
@@ -217,7 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_exit_code(exc) or 1)
     except Exception as exc:  # a connection failure that escaped a command
         translated = _translated(exc)
-        if translated is None:
+        if translated is not None:
+            _print_error(_one_line(translated))
+            sys.exit(2)
+        if not isinstance(exc, OSError) or exc.filename is None:
             raise
-        _print_error(_one_line(translated))
-        sys.exit(2)
+        _print_error(file_error_line(exc, args))  # a full disk, a file it may not write
+        sys.exit(1)

@@ -49,6 +49,17 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _output_folder(out: Path) -> None:
+    """Create ``--out`` and its parents before any file is read: a folder that cannot be made
+    (a file on its path, no permission) is the option's mistake, named in one line."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        message = f"cannot create the output folder ({reason})"
+        raise BadInputError(message, where=f"--out {out}") from exc
+
+
 def nothing_read(summary: dict[str, Any]) -> str | None:
     """Why a run found nothing prewarm can read (no files, or none in a known format), or None.
 
@@ -89,7 +100,7 @@ def ingest(
     paths: Annotated[
         list[Path], typer.Argument(help="Log or trace files and folders.", exists=True)
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.", file_okay=False)],
     fmt: Annotated[
         str | None,
         typer.Option(
@@ -135,6 +146,7 @@ def ingest(
         min_item_requests=min_item_requests,
     )  # fmt: skip
     run_state = IngestState.load(state) if state is not None else None
+    _output_folder(out)
     keep_freed_memory()  # this process ends with the run (see pipeline.ingest.heap)
     console = Console(stderr=True)
     show = not as_json and console.is_terminal and _total_bytes(paths) >= PROGRESS_MIN_BYTES

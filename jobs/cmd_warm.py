@@ -85,7 +85,9 @@ def plan(
     forecast: Annotated[
         str, Opt(help="auto | model | frequency", callback=one_of(FORECASTS))
     ] = "auto",
-    out: Annotated[Path | None, Opt("--out", help="Write the plan JSON here.")] = None,
+    out: Annotated[
+        Path | None, Opt("--out", help="Write the plan JSON here.", dir_okay=False)
+    ] = None,
 ) -> None:
     """Build a warm-up plan from ingested request records."""
     if source is None:

@@ -415,7 +415,9 @@ def report(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="HTML file (default: prewarm-report-ENGINE.html)."),
+        typer.Option(
+            "--out", "-o", help="HTML file (default: prewarm-report-ENGINE.html).", dir_okay=False
+        ),
     ] = None,
 ) -> None:
     """Write one self-contained HTML page: does warm-up pay on this engine?"""

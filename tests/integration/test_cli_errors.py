@@ -112,6 +112,19 @@ def test_warming_without_redis_is_one_line(ingested, tmp_path):
     assert_one_line(result, "cannot reach", url)
 
 
+def test_a_plan_written_where_it_cannot_be_is_one_line(ingested, tmp_path):
+    config = tmp_path / "prewarm.toml"
+    config.write_text('[[engines]]\nname = "a"\nurl = "http://127.0.0.1:1"\nmodel = "m"\n')
+    plan = ["-c", str(config), "plan", "--from", str(ingested), "--engine", "a", "--out"]
+    folder = prewarm(*plan, str(tmp_path))  # a folder, not a file: the option's mistake
+    assert_one_line(folder, "prewarm plan: usage:", "--out", "is a directory")
+    assert folder.returncode == 2
+    missing = tmp_path / "no-such-folder" / "plan.json"  # the system refuses the write
+    refused = prewarm(*plan, str(missing))
+    assert_one_line(refused, "prewarm plan: error:", str(missing), "No such file or directory")
+    assert refused.returncode == 1
+
+
 # -- every command: usage mistakes ---------------------------------------------------------
 def run_cases(tmp_path: Path, extra: list[dict]) -> dict[str, dict]:
     """Every command's usage cases plus ``extra``, run through the real entry point."""
@@ -153,6 +166,11 @@ def results(tmp_path_factory) -> dict[str, dict]:
         {"kind": "empty folder", "argv": ["ingest", empty, "--out", out]},
         {"kind": "binary", "argv": ["ingest", str(paths["binary"]), "--out", out]},
         {"kind": "control", "argv": ["ingest", str(paths["control"]), "--out", out]},
+        {"kind": "out is a file",
+         "argv": ["ingest", str(paths["control"]), "--out", str(paths["binary"])]},
+        {"kind": "out under a file",
+         "argv": ["ingest", str(paths["control"]), "--out", str(paths["binary"] / "out")]},
+        {"kind": "report into a folder", "argv": ["report", "--out", empty]},
     ]  # fmt: skip
     return run_cases(tmp, extra)
 
@@ -217,6 +235,9 @@ def test_version_and_h(results):
         ("empty folder", ["nothing to read", "no files"]),
         ("binary", ["nothing to read", "format"]),
         ("control", ["nothing to read"]),
+        ("out is a file", ["prewarm ingest", "--out", "is a file"]),
+        ("out under a file", ["--out", "blob.bin", "cannot create the output folder"]),
+        ("report into a folder", ["prewarm report", "--out", "is a directory"]),
     ],
 )
 def test_bad_values_and_nothing_to_read_are_one_line_exit_2(results, kind, fragments):
