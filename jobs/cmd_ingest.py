@@ -49,15 +49,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _output_folder(out: Path) -> None:
-    """Create ``--out`` and its parents before any file is read: a folder that cannot be made
-    (a file on its path, no permission) is the option's mistake, named in one line."""
+def _folder(folder: Path, option: str, path: Path) -> None:
+    """Create ``folder`` and its parents before any file is read (the folder of ``option``'s
+    ``path``): one that cannot be made (a file on its path, no permission) is the option's
+    mistake, named in one line, and no run's work is lost to it at the end."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        message = f"cannot create the output folder ({reason})"
-        raise BadInputError(message, where=f"--out {out}") from exc
+        message = f"cannot create the folder {folder} ({reason})"
+        raise BadInputError(message, where=f"{option} {path}") from exc
 
 
 def nothing_read(summary: dict[str, Any]) -> str | None:
@@ -135,7 +136,8 @@ def ingest(
         int, typer.Option(min=0, help="Parallel processes (0: one per core, up to 8).")
     ] = 0,
     state: Annotated[
-        Path | None, typer.Option(help="State file: read only what is new since the last run.")
+        Path | None,
+        typer.Option(help="State file: read only what is new since the last run.", dir_okay=False),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -146,7 +148,9 @@ def ingest(
         min_item_requests=min_item_requests,
     )  # fmt: skip
     run_state = IngestState.load(state) if state is not None else None
-    _output_folder(out)
+    _folder(out, "--out", out)
+    if state is not None:
+        _folder(state.parent, "--state", state)
     keep_freed_memory()  # this process ends with the run (see pipeline.ingest.heap)
     console = Console(stderr=True)
     show = not as_json and console.is_terminal and _total_bytes(paths) >= PROGRESS_MIN_BYTES

@@ -171,6 +171,10 @@ def results(tmp_path_factory) -> dict[str, dict]:
         {"kind": "out under a file",
          "argv": ["ingest", str(paths["control"]), "--out", str(paths["binary"] / "out")]},
         {"kind": "report into a folder", "argv": ["report", "--out", empty]},
+        {"kind": "state under a file", "argv": ["ingest", str(paths["control"]), "--out", out,
+                                                "--state", str(paths["binary"] / "state.json")]},
+        {"kind": "state is a folder",
+         "argv": ["ingest", str(paths["control"]), "--out", out, "--state", empty]},
     ]  # fmt: skip
     return run_cases(tmp, extra)
 
@@ -236,7 +240,9 @@ def test_version_and_h(results):
         ("binary", ["nothing to read", "format"]),
         ("control", ["nothing to read"]),
         ("out is a file", ["prewarm ingest", "--out", "is a file"]),
-        ("out under a file", ["--out", "blob.bin", "cannot create the output folder"]),
+        ("out under a file", ["--out", "blob.bin", "cannot create the folder"]),
+        ("state under a file", ["--state", "blob.bin", "cannot create the folder"]),
+        ("state is a folder", ["prewarm ingest", "--state", "is a directory"]),
         ("report into a folder", ["prewarm report", "--out", "is a directory"]),
     ],
 )
