@@ -39,6 +39,7 @@ from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.ingest.detect import detect_format
 from pipeline.ingest.run import expand_paths
 from pipeline.ingest.traces import read_servegen
+from pipeline.tables import read_parquet_file
 from pipeline.windows import ITEM_KINDS, item_window_counts
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def load_counts(path: Path, window: str) -> pd.DataFrame:
     )
     parquet = next((table for table in tables if table.is_file()), path)
     if parquet.suffix == ".parquet" and parquet.is_file():
-        return coarsen_counts(pd.read_parquet(parquet), step)
+        return coarsen_counts(read_parquet_file(parquet, "counts"), step)
     files = expand_paths([path])
     if files and all(detect_format(f) == "servegen" for f in files):
         return coarsen_counts(read_servegen(path), step)

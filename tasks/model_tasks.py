@@ -35,6 +35,7 @@ from models.persistence import code_version, load_model, read_saved, save_model
 from models.selection import SelectedForecaster, selection_metadata
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
+from pipeline.tables import read_parquet_file
 from tasks.base import PrewarmTask
 from tasks.observations import Observations, models_root
 from tasks.settings import current_settings
@@ -57,10 +58,7 @@ def input_counts(data_dir: Path, counts_path: str | None, engine: str | None) ->
 
 
 def _counts(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise BadInputError(f"cannot read counts ({exc})", where=str(path)) from exc
+    return read_parquet_file(path, "counts")
 
 
 def _digest(path: Path) -> str:

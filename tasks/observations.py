@@ -27,6 +27,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from pipeline.errors import BadInputError
+from pipeline.tables import read_parquet_file
 
 COUNT_KEYS = ["item_kind", "item_key", "window_start"]
 
@@ -129,11 +130,9 @@ class Observations:
     @staticmethod
     def _read(path: Path) -> pd.DataFrame | None:
         try:
-            return pd.read_parquet(path)
+            return read_parquet_file(path, "observations")
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise BadInputError(f"cannot read observations ({exc})", where=str(path)) from exc
 
     def append(
         self,

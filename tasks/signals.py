@@ -18,6 +18,7 @@ import redis
 from celery import shared_task
 
 from pipeline.errors import BadInputError, TransientError
+from pipeline.tables import read_parquet_file
 from pipeline.triggers import TriggerEvent, log_signals
 from tasks.engine_watch import cooldown_allows, queue_warm_engine
 from tasks.events import store_client, update_hotness
@@ -31,7 +32,7 @@ Enqueue = Callable[[str, str], str]
 def _frame(path: Path) -> pd.DataFrame:
     if not path.exists():
         raise BadInputError("missing (not an ingest output directory?)", where=str(path))
-    return pd.read_parquet(path)
+    return read_parquet_file(path, "an ingest table")
 
 
 def _targets(settings: Settings, event: TriggerEvent) -> list[str]:

@@ -25,6 +25,7 @@ import pandas as pd
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmItem, WarmPlan
 from pipeline.planning import PlanRequest, candidates, plan_from_candidates
+from pipeline.tables import read_parquet_file
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.settings import EngineSettings, Settings
 
@@ -43,10 +44,7 @@ def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
         raise BadInputError(
             "no records.parquet here (run `prewarm ingest --out DIR`)", where=str(source)
         )
-    try:
-        records = pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise BadInputError(f"cannot read records ({exc})", where=str(path)) from exc
+    records = read_parquet_file(path, "records")
     # counts.parquet is the counts shape alone; windows.parquet (older ingests) adds features
     counts = [path.parent / name for name in ("counts.parquet", "windows.parquet")]
     return records, next((c for c in counts if c.exists()), None)

@@ -148,7 +148,9 @@ def _inputs(tmp_path: Path) -> dict[str, Path]:
     binary.write_bytes(bytes(range(256)) * 64)
     control = tmp_path / "control.log"
     control.write_bytes(b"INFO \x1b[2J\x1b]0;pwned\x07 not a log line\x00\x9b\n" * 3)
-    return {"empty": empty, "binary": binary, "control": control}
+    cut = tmp_path / "cut.parquet"  # a Parquet file cut short: its magic, no footer
+    cut.write_bytes(b"PAR1" + bytes(range(64)))
+    return {"empty": empty, "binary": binary, "control": control, "cut": cut}
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +173,7 @@ def results(tmp_path_factory) -> dict[str, dict]:
         {"kind": "out under a file",
          "argv": ["ingest", str(paths["control"]), "--out", str(paths["binary"] / "out")]},
         {"kind": "report into a folder", "argv": ["report", "--out", empty]},
+        {"kind": "evaluate a cut table", "argv": ["evaluate", str(paths["cut"])]},
         {"kind": "state under a file", "argv": ["ingest", str(paths["control"]), "--out", out,
                                                 "--state", str(paths["binary"] / "state.json")]},
         {"kind": "state is a folder",
@@ -244,6 +247,7 @@ def test_version_and_h(results):
         ("state under a file", ["--state", "blob.bin", "cannot create the folder"]),
         ("state is a folder", ["prewarm ingest", "--state", "is a directory"]),
         ("report into a folder", ["prewarm report", "--out", "is a directory"]),
+        ("evaluate a cut table", ["cut.parquet", "cannot read counts"]),
     ],
 )
 def test_bad_values_and_nothing_to_read_are_one_line_exit_2(results, kind, fragments):
