@@ -49,16 +49,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _folder(folder: Path, option: str, path: Path) -> None:
-    """Create ``folder`` and its parents before any file is read (the folder of ``option``'s
-    ``path``): one that cannot be made (a file on its path, no permission) is the option's
-    mistake, named in one line, and no run's work is lost to it at the end."""
+def _folder(folder: Path, where: str) -> None:
+    """Create ``folder`` and its parents before any file is read (``where``: the option and
+    value that need it): one that cannot be made (a file on its path, no permission) is the
+    option's mistake, named in one line, and no run's work is lost to it at the end."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         message = f"cannot create the folder {folder} ({reason})"
-        raise BadInputError(message, where=f"{option} {path}") from exc
+        raise BadInputError(message, where=where) from exc
 
 
 def nothing_read(summary: dict[str, Any]) -> str | None:
@@ -148,9 +148,9 @@ def ingest(
         min_item_requests=min_item_requests,
     )  # fmt: skip
     run_state = IngestState.load(state) if state is not None else None
-    _folder(out, "--out", out)
+    _folder(out, f"--out {out}")
     if state is not None:
-        _folder(state.parent, "--state", state)
+        _folder(state.parent, f"--state {state}")
     keep_freed_memory()  # this process ends with the run (see pipeline.ingest.heap)
     console = Console(stderr=True)
     show = not as_json and console.is_terminal and _total_bytes(paths) >= PROGRESS_MIN_BYTES

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from celery import shared_task
 
 from models.forecaster import SAVED_NAME
@@ -55,10 +54,6 @@ def input_counts(data_dir: Path, counts_path: str | None, engine: str | None) ->
     if not path.exists():
         raise BadInputError(f"engine {engine!r} has no observations yet", where=str(path))
     return path
-
-
-def _counts(path: Path) -> pd.DataFrame:
-    return read_parquet_file(path, "counts")
 
 
 def _digest(path: Path) -> str:
@@ -125,7 +120,7 @@ def train_and_save(
     settings = current_settings()
     items = budget or settings.budget.max_items
     selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric)
-    selected.fit(CountMatrix.from_counts(_counts(path), kind=kind))
+    selected.fit(CountMatrix.from_counts(read_parquet_file(path, "counts"), kind=kind))
     extra = {"source": source, "kind": kind, **selection_metadata(selected)}
     folder = save_model(selected.winner_, root, name, extra=extra)
     return {"version": folder.name, "path": str(folder), "reused": False,
@@ -147,7 +142,7 @@ def predict(
     base = _data_dir(data_dir)
     path = input_counts(base, counts_path, engine)
     model = load_model(models_root(base, engine), name)
-    ranking = model.predict_next(_counts(path), kind=kind)
+    ranking = model.predict_next(read_parquet_file(path, "counts"), kind=kind)
     window = ranking["window_start"].iloc[0] if len(ranking) else None
     stamp = window.strftime("%Y%m%dT%H%M%SZ") if window is not None else "empty"
     out = base / "predictions" / name / f"{stamp}.parquet"
