@@ -1,7 +1,7 @@
 """What prewarm's metrics cost: one scrape with a week of history, and the warm-up throughput.
 
 **Scrape** — the store is filled with a week of one cluster's telemetry, written through the
-real ``tasks.telemetry`` functions with the clock stepped: per engine, an engine read every
+real ``tasks.adapters.telemetry`` functions with the clock stepped: per engine, an engine read every
 ``--watch-s`` (10 s, the replica watch's default period), and every 5-minute window a plan of
 ``--plan-items`` items, its batches, a loop tick and the window's outcome. Then the api's
 ``/metrics`` (``jobs.api.build_api``, in-process ASGI) is scraped ``--scrapes`` times; the median
@@ -17,8 +17,8 @@ processes differ by more than the telemetry (cache, scheduling): run to run, thi
 ±10% on the shared 2-core machine.
 
 **Runner** — the same warm-up in one process, so the two arms differ by the telemetry alone: the
-real batch runner (``tasks.warm_batch.BatchRunner``: WAL, prime, verify, commit) runs plans of
-``--items`` items against the same simulator, with the telemetry calls on and switched off
+real batch runner (``tasks.services.batch_runner.BatchRunner``: WAL, prime, verify, commit) runs
+plans of ``--items`` items against the same simulator, with the telemetry calls on and switched off
 (:func:`telemetry_off`) back to back, ``--repeats`` times in ABBA order; the overhead is the
 median over repeats of each pair's ratio of the runner's CPU seconds (``time.process_time``: this
 process only, the simulator runs in its own) and of wall seconds, batched and one item per batch.
@@ -59,11 +59,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.warm_throughput import items, simulator_process  # noqa: E402
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
+from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from pipeline.triggers import EngineSample  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
-from tasks import telemetry  # noqa: E402
-from tasks.targets.base import WarmOptions  # noqa: E402
+from tasks.adapters import telemetry  # noqa: E402
+from tasks.adapters.targets.base import WarmOptions  # noqa: E402
 
 WEEK_S = 7 * 86400
 WINDOW_S = 300
@@ -156,15 +156,17 @@ def measure_scrape(args: argparse.Namespace, broker: str, store_url: str) -> dic
 def telemetry_off() -> Iterator[None]:
     """The warm-up path's telemetry calls as no-ops for the duration (the control arm)."""
     import tasks.adapters.wal_store
-    import tasks.warm
-    import tasks.warm_batch
+    import tasks.services.batch_runner
+    import tasks.warm_tasks
 
     with replaced({
-        (tasks.warm_batch, "plan_labels"): lambda store, plan_id, engine: (engine, "cli"),
-        (tasks.warm_batch, "defer_batch"): lambda *args, **kwargs: None,
-        (tasks.warm_batch, "record_wal"): lambda *args, **kwargs: None,
+        (tasks.services.batch_runner, "plan_labels"): lambda store, plan_id, engine: (
+            engine, "cli"
+        ),
+        (tasks.services.batch_runner, "defer_batch"): lambda *args, **kwargs: None,
+        (tasks.services.batch_runner, "record_wal"): lambda *args, **kwargs: None,
         (tasks.adapters.wal_store, "record_wal"): lambda *args, **kwargs: None,
-        (tasks.warm, "record_plan"): lambda *args, **kwargs: None,
+        (tasks.warm_tasks, "record_plan"): lambda *args, **kwargs: None,
     }):  # fmt: skip
         yield
 
@@ -210,7 +212,7 @@ def run_once(
     n: int, batch_size: int, queue: str, on: bool, settings: Any, worker: Any
 ) -> tuple[float, float]:
     """(items per wall second, items per worker CPU second) for one plan of ``n`` items."""
-    from tasks.warm import plan_report, submit_plan
+    from tasks.warm_tasks import plan_report, submit_plan
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
@@ -294,9 +296,10 @@ class TelemetryClock:
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[None]:
-        import tasks.warm_batch
+        import tasks.services.batch_runner
 
-        targets = [(tasks.warm_batch, "defer_batch"), (tasks.warm_batch, "plan_labels"),
+        runner = tasks.services.batch_runner
+        targets = [(runner, "defer_batch"), (runner, "plan_labels"),
                    (telemetry, "record_plan"), (telemetry._PENDING, "flush")]  # fmt: skip
         with replaced({target: self.wrap(getattr(*target)) for target in targets}):
             yield
@@ -307,7 +310,7 @@ def run_plan_here(store: redis.Redis, settings: Any, n: int, batch_size: int,
     """(CPU s, wall s, s inside telemetry calls) per item of one plan of ``n`` items run here by
     the real batch runner."""
     from tasks.adapters.plan_store import PlanStore
-    from tasks.warm_batch import BatchRunner
+    from tasks.services.batch_runner import BatchRunner
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip

@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.engines.engine import free_port, wait_until_answers  # noqa: E402
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
+from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
-from tasks.targets.base import WarmOptions  # noqa: E402
+from tasks.adapters.targets.base import WarmOptions  # noqa: E402
 
 QUEUE = "warm-bench"
 
@@ -93,7 +93,7 @@ def run_once(
     n: int, batch_size: int, use_wal: bool, settings, worker: psutil.Process
 ) -> tuple[float, float]:
     """(items per wall second, items per worker CPU second) for one plan of ``n`` items."""
-    from tasks.warm import plan_report, submit_plan
+    from tasks.warm_tasks import plan_report, submit_plan
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip

@@ -3,8 +3,8 @@
 ``GET /health`` answers 200 with JSON when the broker and the store answer, 503 naming what is
 down otherwise. ``GET /metrics`` exposes prewarm's own metrics: the process's default registry
 (where the webhook counters live), queue depths read from the broker, and the whole cluster's
-warm-up metrics (:mod:`tasks.telemetry`) and open WAL transactions read from the store, all at
-scrape time.
+warm-up metrics (:mod:`tasks.adapters.telemetry`) and open WAL transactions read from the store,
+all at scrape time.
 Routes of ``jobs.webhooks`` are mounted when that module is installed.
 """
 
@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import redis
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -26,8 +25,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from pipeline.errors import PrewarmError
-from tasks import telemetry
+from tasks.adapters import telemetry
 from tasks.adapters.connections import ping_redis, redacted
+from tasks.adapters.store import STORE_DOWN, probe_client
 from tasks.adapters.wal_store import ACTIVE
 from tasks.celery_app import QUEUES
 from tasks.settings import Settings, current_settings
@@ -42,9 +42,7 @@ class QueueDepthCollector(Collector):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.client = redis.Redis.from_url(
-            settings.redis_url, socket_connect_timeout=1, socket_timeout=1
-        )
+        self.client = probe_client(settings.redis_url)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
@@ -61,7 +59,7 @@ class QueueDepthCollector(Collector):
             for queue, length in zip(QUEUES, lengths, strict=True):
                 depth.add_metric([queue], float(length))
             up.add_metric(["broker"], 1.0)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except STORE_DOWN:
             up.add_metric(["broker"], 0.0)
         yield up
         yield depth
@@ -78,7 +76,7 @@ class TelemetryCollector(Collector):
     the WAL's open and expired (stuck) transactions. One store round trip per scrape."""
 
     def __init__(self, store_url: str, clock: Any = time.time) -> None:
-        self.store = redis.Redis.from_url(store_url, socket_connect_timeout=1, socket_timeout=2)
+        self.store = probe_client(store_url, read_s=2.0)
         self.clock = clock
 
     def _read(self) -> tuple[dict[str, list[tuple[tuple[str, ...], float]]], int, int]:
@@ -95,7 +93,7 @@ class TelemetryCollector(Collector):
         )
         try:
             series, open_txns, expired = self._read()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except STORE_DOWN:
             up.add_metric([], 0.0)
             yield up
             return

@@ -9,18 +9,18 @@ from __future__ import annotations
 import socket
 from typing import Annotated
 
-import httpx
 import typer
 
-from pipeline.errors import BadInputError, TransientError
+from pipeline.errors import TransientError
 from tasks.adapters.connections import (
     beat_heartbeat_age,
     check_engine_url,
     check_settings_redis,
     redacted,
 )
+from tasks.adapters.connections import http_get as _get
 from tasks.celery_app import app as celery_app
-from tasks.health import loop_health_problems
+from tasks.health_tasks import loop_health_problems
 from tasks.settings import current_settings
 
 health_app = typer.Typer(
@@ -72,15 +72,6 @@ def beat_check(
     if problems:
         raise TransientError("; ".join(problems))
     _ok(f"beat ticked {age:.1f}s ago")
-
-
-def _get(url: str, timeout_s: float) -> httpx.Response:
-    try:
-        return httpx.get(url, timeout=timeout_s)
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        raise BadInputError(f"not a usable URL ({exc})", where=redacted(url)) from exc
-    except httpx.TransportError as exc:
-        raise TransientError(f"cannot reach {redacted(url)} ({exc})") from exc
 
 
 @health_app.command("api")

@@ -24,7 +24,7 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_to_dir
 from pipeline.ingest.detect import FORMATS
 from pipeline.ingest.heap import keep_freed_memory
-from pipeline.prefix import DEFAULT_BLOCK_SIZE
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE
 
 #: below this many bytes a progress bar only flickers
 PROGRESS_MIN_BYTES = 64 << 20

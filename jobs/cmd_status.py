@@ -60,8 +60,8 @@ def status(
 ) -> None:
     """Show the warm-up loop per engine: sources, last tick, model, last plan, next tick."""
     from tasks.adapters.connections import check_settings_redis
-    from tasks.events import store_client
-    from tasks.loop_status import loop_status
+    from tasks.adapters.store import store_client
+    from tasks.services.status import loop_status
 
     settings = current_settings()
     check_settings_redis(settings)
@@ -83,8 +83,8 @@ def webhook_routes() -> list[Any]:
     from starlette.routing import Route
 
     def report() -> dict[str, Any]:
-        from tasks.events import store_client
-        from tasks.loop_status import loop_status
+        from tasks.adapters.store import store_client
+        from tasks.services.status import loop_status
 
         settings = current_settings()
         return json.loads(json.dumps(loop_status(settings, store_client(settings)), default=str))

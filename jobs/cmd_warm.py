@@ -22,7 +22,7 @@ from rich.table import Table
 
 from jobs.option_checks import FORECASTS, one_of
 from pipeline.errors import BadInputError
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
 from tasks.settings import Settings, current_settings
 
 console = Console()
@@ -48,7 +48,8 @@ def build_plan_from(
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
     from tasks.planner_entry import plan_for
-    from tasks.warm_plan import plan_request, read_records
+
+    from tasks.services.planning import plan_request, read_records
 
     settings = current_settings()
     records, windows = read_records(source)
@@ -139,7 +140,7 @@ def outcome(
 
 
 def _follow(plan_id: str, timeout_s: float) -> dict[str, Any]:
-    from tasks.warm import plan_report
+    from tasks.warm_tasks import plan_report
 
     report = plan_report(plan_id)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -178,8 +179,8 @@ def warm(
     queue: Annotated[str | None, Opt(help="Queue of a dedicated warm-up pool.")] = None,
 ) -> None:
     """Submit a plan to the workers and follow its progress."""
-    from tasks.targets.base import WarmOptions
-    from tasks.warm import submit_plan
+    from tasks.adapters.targets.base import WarmOptions
+    from tasks.warm_tasks import submit_plan
 
     if plan_file is not None:
         warm_plan = _load_plan(plan_file)
@@ -198,7 +199,7 @@ def warm(
     plan_id = submit_plan(replace(warm_plan, engine=name), name, options=options, queue=queue)
     console.print(f"submitted plan {plan_id}: {len(warm_plan.items)} items", highlight=False)
     if wait:
-        from tasks.warm import batch_results
+        from tasks.warm_tasks import batch_results
 
         report = _follow(plan_id, timeout_s)
         report = outcome(report, batch_results(plan_id), time.monotonic() - started)
@@ -216,7 +217,7 @@ wal_app = typer.Typer(help="The warm-up write-ahead log.", no_args_is_help=True)
 @wal_app.command("status")
 def wal_status() -> None:
     """Open transactions, their lease and their effects."""
-    from tasks.warm import wal_status as status
+    from tasks.warm_tasks import wal_status as status
 
     summary = status()
     table = Table(title=f"{summary['open']} open transaction(s)")
@@ -231,7 +232,7 @@ def wal_status() -> None:
 def wal_recover() -> None:
     """Roll back every transaction whose lease expired and resume the plans whose worker died
     (the recovery sweep, run here)."""
-    from tasks.warm import recover_and_resume
+    from tasks.warm_tasks import recover_and_resume
 
     result = recover_and_resume()
     swept, resumed = result["rolled_back"], result["resumed"]

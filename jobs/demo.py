@@ -17,23 +17,24 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from jobs.demo_report import print_result, result_json
+from jobs.demo_result import DemoResult, Served
 from jobs.demo_workload import DemoRequest, generate_workload
 from jobs.embedded import EmbeddedRedis, WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from pipeline.errors import TransientError
+from tasks.adapters.chat_stream import ChatClient, chat_client, timed_chat
 from tasks.settings import Settings, current_settings, load_settings
 
 if TYPE_CHECKING:
-    from jobs.demo_pipeline import Learned
     from jobs.demo_telemetry import DemoRecorder
 
 ENGINE = "demo-simulator"
@@ -55,58 +56,21 @@ class DemoConfig:
     max_tokens: int = 8
 
 
-@dataclass(frozen=True)
-class Served:
-    """One replayed request as the client saw it."""
-
-    template: str
-    ttft_s: float
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass
-class DemoResult:
-    """Everything the demo measured, for the printout and the tests."""
-
-    cold: list[Served] = field(default_factory=list)
-    warm: list[Served] = field(default_factory=list)
-    learned: Learned | None = None
-    report: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @staticmethod
-    def first_uses(served: list[Served]) -> dict[str, Served]:
-        """The first request of each template (the one a cold cache makes wait)."""
-        first: dict[str, Served] = {}
-        for item in served:
-            first.setdefault(item.template, item)
-        return first
-
-
-def _ttft(client: httpx.Client, request: DemoRequest, max_tokens: int) -> Served:
+def _ttft(client: ChatClient, request: DemoRequest, max_tokens: int) -> Served:
     body = {
         "model": MODEL, "messages": request.messages(), "max_tokens": max_tokens, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
-    started, ttft, usage = time.perf_counter(), None, dict[str, Any]()
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            if ttft is None:
-                ttft = time.perf_counter() - started
-            usage = json.loads(line[len("data: ") :]).get("usage") or usage
+    ttft, usage = timed_chat(client, body)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
-    return Served(request.template, ttft or 0.0, int(usage.get("prompt_tokens", 0)), cached)
+    return Served(request.template, ttft, int(usage.get("prompt_tokens", 0)), cached)
 
 
 def replay(
     url: str, workload: list[DemoRequest], max_tokens: int, advance: Callable[[], None]
 ) -> list[Served]:
     """Send every request in order, streaming, and time each one's first token."""
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with chat_client(url) as client:
         served = []
         for request in workload:
             served.append(_ttft(client, request, max_tokens))
@@ -232,9 +196,9 @@ class DemoRun:
 
     def _warm(self, settings: Settings) -> None:
         from jobs.demo_pipeline import learned_from  # pandas: only when the demo runs
+        from tasks.adapters.store import store_client
         from tasks.celery_app import app
-        from tasks.events import store_client
-        from tasks.warm import plan_report
+        from tasks.warm_tasks import plan_report
 
         with self.step("The warm-up loop on the worker: read the simulator's log → observe → plan"):
             outcome = app.send_task("prewarm.loop.warm", (ENGINE, "demo")).get(timeout=120)
@@ -293,7 +257,6 @@ def demo(
     ] = None,
 ) -> None:
     """Run the whole loop on this machine against the engine SIMULATOR (latencies simulated)."""
-    from jobs.demo_report import print_result, result_json
 
     console = Console()
     console.print(

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import redis
 
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
+from tasks.adapters.observations import Observations
 from tasks.adapters.plan_store import PlanStore
-from tasks.observations import Observations
+from tasks.adapters.store import Store
 from tasks.settings import Settings
 
 
@@ -30,7 +30,7 @@ class Learned:
     plan: WarmPlan
 
 
-def learned_from(settings: Settings, store: redis.Redis, outcome: dict[str, Any]) -> Learned:
+def learned_from(settings: Settings, store: Store, outcome: dict[str, Any]) -> Learned:
     """The records read, the counts kept and the plan of one loop outcome."""
     sources = outcome.get("sources") or []
     plan, _, _ = PlanStore(store).load(str(outcome["plan_id"]))

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from jobs.demo_result import DemoResult
 from jobs.demo_workload import DemoRequest, template_of
-
-if TYPE_CHECKING:
-    from jobs.demo import DemoResult
 
 
 def _ms(seconds: float) -> str:

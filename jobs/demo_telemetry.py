@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.plan import WarmPlan
-from pipeline.warm_outcome import WindowOutcome, request_items
-from tasks import telemetry
-from tasks.engine_watch import observe
-from tasks.events import store_client
+from pipeline.planner.plan import WarmPlan
+from pipeline.window_outcome import WindowOutcome, request_items
+from tasks.adapters import telemetry
+from tasks.adapters.store import store_client
+from tasks.services.replica_watch import observe
 from tasks.settings import Settings
 
 #: Log timestamps have whole seconds: a window starts and ends a second apart from its neighbours.

@@ -14,9 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-import redis
-
 from pipeline.errors import TransientError
+from tasks.adapters.store import STORE_DOWN, probe_client
 from tasks.celery_app import QUEUES
 from tasks.celery_app import app as celery_app
 
@@ -60,13 +59,13 @@ class EmbeddedRedis:
                 "--dir", str(self.directory), "--save", "", "--appendonly", "no",
                 "--logfile", str(self.directory / "redis.log")]  # fmt: skip
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url(), socket_connect_timeout=0.5)
+        client = probe_client(self.url(), connect_s=0.5, read_s=5.0)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 client.ping()
                 return self
-            except redis.ConnectionError as exc:
+            except STORE_DOWN as exc:
                 if self._proc.poll() is not None or time.monotonic() > deadline:
                     raise TransientError(
                         f"embedded Redis did not start on port {self.port}"

@@ -21,15 +21,15 @@ import typer
 from pipeline.errors import BadInputError, TransientError
 
 if TYPE_CHECKING:
-    from tasks.kv_source import KvSource
+    from tasks.services.kv_follow import KvSource
     from tasks.settings import Settings
 
 Opt = typer.Option
 
 
 def _check(engine: str) -> None:
-    from tasks.events import store_client
-    from tasks.kv_state import KvStateStore
+    from tasks.adapters.kv_state import KvStateStore
+    from tasks.adapters.store import store_client
 
     if not KvStateStore(store_client(), engine).alive():
         raise TransientError(f"no live kv-events service for engine {engine!r}")
@@ -59,9 +59,10 @@ def kv_events(
     if check:
         _check(engine)
         return
-    from tasks.events import store_client
-    from tasks.kv_source import follow
+    from tasks.adapters.store import store_client
+    from tasks.services.kv_follow import follow
     from tasks.settings import current_settings
+    from tasks.warm_tasks import submitter
 
     settings = current_settings()
     source = kv_source(settings, engine, endpoint, replay_endpoint, topic)
@@ -70,7 +71,8 @@ def kv_events(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    report = follow(source, settings, store_client(settings), stop=stop, restore=restore)
+    report = follow(source, settings, store_client(settings), submit=submitter(settings),
+                    stop=stop, restore=restore)  # fmt: skip
     typer.echo(f"kv-events {engine}: {report.batches} batches, {report.resets} resets, "
                f"{len(report.restores)} restores, {report.counters}")  # fmt: skip
 
@@ -83,7 +85,7 @@ def kv_source(
     topic: str | None,
 ) -> KvSource:
     """The stream to follow: the options given, else the engine's kv-events source."""
-    from tasks.kv_source import KvSource
+    from tasks.services.kv_follow import KvSource
 
     if endpoint is None:  # the settings' stream (options given still win)
         configured = settings.kv_events_of(engine)

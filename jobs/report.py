@@ -1,6 +1,6 @@
 """``prewarm report``: one self-contained HTML page per engine and period — does warm-up pay?
 
-It reads the engine's history from the store Redis (:mod:`tasks.telemetry`: engine reads,
+It reads the engine's history from the store Redis (:mod:`tasks.adapters.telemetry`: engine reads,
 plans, batches, restarts, closed windows) and draws, as PNG images embedded in the page (no
 script, no network; the page's Content-Security-Policy allows only inline images and styles):
 the engine's prefix-cache hit rate and median time to first token with every warm-up and
@@ -26,10 +26,10 @@ import jinja2
 import typer
 
 from pipeline.errors import BadInputError
-from pipeline.warm_outcome import MISS_CAUSES, WindowOutcome
+from pipeline.window_outcome import MISS_CAUSES, WindowOutcome
+from tasks.adapters.store import Store
 
 if TYPE_CHECKING:
-    import redis
     from matplotlib.axes import Axes
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -84,9 +84,9 @@ class ReportData:
         return sorted(marks)[-most:]
 
 
-def load(store: redis.Redis, engine: str, since: float, until: float) -> ReportData:
+def load(store: Store, engine: str, since: float, until: float) -> ReportData:
     """The history of ``engine`` between ``since`` and ``until`` (Unix seconds)."""
-    from tasks import telemetry
+    from tasks.adapters import telemetry
 
     return ReportData.from_events(
         engine, since, until, telemetry.history(store, engine, since, until)
@@ -363,7 +363,7 @@ def render(data: ReportData, now: float | None = None) -> str:
     )  # fmt: skip
 
 
-def write_report(store: redis.Redis, engine: str, since: float, until: float, path: Path) -> Path:
+def write_report(store: Store, engine: str, since: float, until: float, path: Path) -> Path:
     """Write the report of ``engine`` over ``[since, until]`` to ``path``."""
     path.write_text(render(load(store, engine, since, until)), encoding="utf-8")
     return path
@@ -391,8 +391,8 @@ def _checked(value: str | None) -> str | None:
     return value
 
 
-def _engine(store: redis.Redis, name: str | None) -> str:
-    from tasks import telemetry
+def _engine(store: Store, name: str | None) -> str:
+    from tasks.adapters import telemetry
 
     known = telemetry.engines_with_history(store)
     if name is not None:
@@ -421,7 +421,7 @@ def report(
     ] = None,
 ) -> None:
     """Write one self-contained HTML page: does warm-up pay on this engine?"""
-    from tasks.events import store_client
+    from tasks.adapters.store import store_client
 
     now = time.time()
     start, end = parse_moment(since, now), parse_moment(until, now) if until else now

@@ -14,19 +14,16 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-import redis
 import typer
 from rich.console import Console
 
 from pipeline.triggers import TriggerEvent
-from tasks.engine_watch import (
-    TRIGGER_COOLDOWN_S,
-    detect_cold_cache,
-    queue_warm_engine,
-    watch_replica,
-)
-from tasks.events import store_client
+from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S
+from tasks.adapters.store import Store, store_client
+from tasks.services.replica_watch import detect_cold_cache, watch_replica
 from tasks.settings import EngineSettings, Settings, current_settings
+from tasks.trigger_tasks import queue_warm_engine
+from tasks.warm_tasks import submitter
 
 OnEvent = Callable[[TriggerEvent], Any]
 
@@ -37,7 +34,7 @@ class Watcher:
     def __init__(
         self,
         settings: Settings,
-        store: redis.Redis,
+        store: Store,
         on_event: OnEvent | None = None,
         cooldown_s: float = TRIGGER_COOLDOWN_S,
     ) -> None:
@@ -46,7 +43,7 @@ class Watcher:
 
     def poll_engine(self, engine: EngineSettings) -> list[dict[str, Any]]:
         """Observe one engine; returns what fired (replica warm-ups and trigger events)."""
-        replica, sample = watch_replica(self.settings, self.store, engine)
+        replica, sample = watch_replica(self.settings, self.store, engine, submitter(self.settings))
         fired = [replica] if replica else []
         if sample is None:
             return fired

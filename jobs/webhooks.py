@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-import redis
 from prometheus_client import Counter
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -40,7 +39,9 @@ from starlette.routing import Route
 
 from pipeline.errors import BadInputError
 from pipeline.limits import TextLimits, load_json
-from tasks.events import claim_delivery, queue_repo_changed, release_delivery, store_client
+from tasks.adapters.store import Store, store_client
+from tasks.adapters.template_repos import claim_delivery, release_delivery
+from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import Settings, TemplateRepoSettings, current_settings
 
 _SHA = re.compile(r"\A(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})\Z")
@@ -203,9 +204,7 @@ def _identities(repo: TemplateRepoSettings) -> set[str]:
 class WebhookReceiver:
     """Checks deliveries against the configured repositories and queues re-warms."""
 
-    def __init__(
-        self, settings: Settings, store: redis.Redis, enqueue: Enqueue, max_body: int
-    ) -> None:
+    def __init__(self, settings: Settings, store: Store, enqueue: Enqueue, max_body: int) -> None:
         self.repos = settings.template_repos
         self.store, self.enqueue, self.max_body = store, enqueue, max_body
 
@@ -279,7 +278,7 @@ def _endpoint(receiver: Callable[[], WebhookReceiver], forge: Forge) -> Callable
 
 def webhook_routes(
     settings: Settings | None = None,
-    store: redis.Redis | None = None,
+    store: Store | None = None,
     enqueue: Enqueue | None = None,
     max_body: int = MAX_BODY_BYTES,
 ) -> list[Route]:

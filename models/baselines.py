@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from models.features import EWMA_FAST, candidates, ewma, running_tables, windows_per_day
-from models.persistence import ModelState
+from models.model_state import ModelState
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.evaluation import CountMatrix
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from models.baselines import HotnessModel, MovingAverage, _until
 from models.features import CATEGORICAL, FEATURE_NAMES, candidates, features_at
-from models.persistence import ModelState
+from models.model_state import ModelState
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 

@@ -23,7 +23,7 @@ import platform
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.model_state import ModelState
 from pipeline.errors import BadInputError
 
 #: Bump when a saved file's layout or meaning changes; older saves are then refused.
@@ -42,15 +43,6 @@ CHECKED_LIBRARIES = ("numpy", "scikit-learn", "lightgbm")
 
 class ModelMismatchError(BadInputError):
     """A saved model does not fit the running code (kind, features, versions)."""
-
-
-@dataclass
-class ModelState:
-    """What a model exports to be saved: JSON values, numpy arrays and text parts."""
-
-    values: dict[str, Any] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
 
 
 class PersistableModel(Protocol):
@@ -237,7 +229,8 @@ def _major_minor(version: str) -> str:
 
 def model_classes() -> dict[str, type]:
     """Saved kinds and the classes that rebuild them."""
-    # Imported here: the model modules import this one for ModelState.
+    # Imported here, not at the top: the forecaster loads LightGBM (seconds), needed only
+    # when a saved model is loaded.
     from models.baselines import (
         EWMA,
         DailyBlend,

@@ -18,7 +18,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import MiniBatchKMeans
 from sklearn.metrics import silhouette_score
 
-from models.persistence import ModelState
+from models.model_state import ModelState
 from pipeline.errors import BadInputError, PrewarmError
 
 PROFILE_FEATURES = (

@@ -37,8 +37,8 @@ from pipeline.kv_events import (
     EventBatch,
     hash_key,
 )
-from pipeline.plan import WarmItem
-from pipeline.prefixes import frequency_hits
+from pipeline.planner.plan import WarmItem
+from pipeline.shared_prefixes import frequency_hits
 from pipeline.windows import COUNT_DTYPES
 
 #: Blocks remembered per replica beyond those held (for chains and re-stores); ~1 KiB each.

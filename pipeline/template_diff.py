@@ -16,8 +16,8 @@ from functools import lru_cache
 
 from pipeline.errors import BadInputError
 from pipeline.keys import CacheKey, content_hash, params_hash
-from pipeline.plan import WarmItem
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
+from pipeline.planner.plan import WarmItem
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, count_tokens
 from pipeline.templates import Template, repo_relative_path, templates_in_file
 
 

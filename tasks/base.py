@@ -15,17 +15,13 @@ and stays a few lines that call one service. The policy, as Dramatiq's actor opt
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
-import redis
 from celery import Task
 
 from pipeline.errors import TransientError
-from tasks.adapters import redis_keys
-
-log = logging.getLogger(__name__)
+from tasks.adapters.store import STORE_DOWN
+from tasks.adapters.task_health import record_task_health
 
 
 class PrewarmTask(Task):
@@ -33,7 +29,7 @@ class PrewarmTask(Task):
 
     acks_late = True
     reject_on_worker_lost = True
-    autoretry_for = (TransientError, redis.ConnectionError, redis.TimeoutError)
+    autoretry_for = (TransientError, *STORE_DOWN)
     retry_backoff = True
     retry_backoff_max = 120
     retry_jitter = True
@@ -52,45 +48,3 @@ class PrewarmTask(Task):
     ) -> None:
         if self.periodic:
             record_task_health(self.name, ok=False, error=f"{type(exc).__name__}: {exc}")
-
-
-def record_task_health(
-    name: str,
-    *,
-    ok: bool,
-    error: str = "",
-    now: float | None = None,
-    store: redis.Redis | None = None,
-) -> None:
-    """Note that the periodic task ``name`` succeeded or failed now."""
-    from tasks.events import store_client
-
-    now = time.time() if now is None else now
-    fields: dict[str, str] = (
-        {f"{name}:ok": str(now)}
-        if ok
-        else {f"{name}:failed": str(now), f"{name}:error": error[:500]}
-    )
-    try:
-        with (store or store_client()).pipeline(transaction=True) as pipe:
-            for field, value in fields.items():
-                pipe.hset(redis_keys.TASK_HEALTH, field, value)
-            pipe.execute()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:  # the health check reports Redis
-        log.warning("task health of %s not recorded: %s", name, exc)
-
-
-def failing_tasks(store: redis.Redis) -> dict[str, str]:
-    """Periodic tasks whose latest run failed: task name → the error."""
-    raw = {_text(k): _text(v) for k, v in store.hgetall(redis_keys.TASK_HEALTH).items()}
-    failing = {}
-    for field, value in raw.items():
-        if field.endswith(":failed"):
-            name = field[: -len(":failed")]
-            if float(value) > float(raw.get(f"{name}:ok", 0)):
-                failing[name] = raw.get(f"{name}:error", "")
-    return failing
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -19,12 +19,12 @@ QUEUES = ("ingest", "model", "warm", "events")
 
 #: Modules that define tasks; the worker imports them at start.
 TASK_MODULES = [
-    "tasks.health",
-    "tasks.events",
-    "tasks.engine_watch",
-    "tasks.signals",
-    "tasks.warm",
-    "tasks.ingest",
+    "tasks.health_tasks",
+    "tasks.repo_tasks",
+    "tasks.services.replica_watch",
+    "tasks.services.ingest_triggers",
+    "tasks.warm_tasks",
+    "tasks.ingest_tasks",
     "tasks.model_tasks",
     "tasks.loop_tasks",
 ]
@@ -54,7 +54,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         # Longer than the longest task (and a retry's countdown of three WAL leases), so an
         # unacked message is not redelivered while it runs; a plan whose worker died does not
-        # wait for it: the recovery sweep resumes it after one lease (tasks.plan_resume).
+        # wait for it: the recovery sweep resumes it after one lease (tasks.services.recovery).
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "task_queues": [_queue(name) for name in QUEUES],
@@ -85,7 +85,7 @@ def _configure(sender: Celery, **_: Any) -> None:
 @worker_process_shutdown.connect
 def _write_pending_metrics(**_: Any) -> None:
     """A pool process that exits writes its last batches' metrics (atexit may not run there)."""
-    from tasks.telemetry import EXIT_WAIT_S, flush_batch_metrics
+    from tasks.adapters.telemetry import EXIT_WAIT_S, flush_batch_metrics
 
     with contextlib.suppress(Exception):  # a store gone at shutdown: nothing more to do
         flush_batch_metrics(EXIT_WAIT_S)

@@ -14,27 +14,27 @@ from typing import Any
 
 from celery import shared_task
 
-from tasks.adapters import redis_keys
+from tasks.adapters.loop_state import LoopState
+from tasks.adapters.store import store_client
 from tasks.base import PrewarmTask
 from tasks.celery_app import app
-from tasks.events import store_client
-from tasks.loop import WarmLoop, window_start
+from tasks.services.loop import WarmLoop, window_start
 from tasks.settings import current_settings
+from tasks.warm_tasks import submitter
 
 
 def due_engines(now: float) -> list[tuple[str, float]]:
     """Engines whose window tick is due at ``now``, with the window it is for; each one's next
     tick is set to the following window, so it is sent once."""
     settings = current_settings()
-    store = store_client(settings)
+    state = LoopState(store_client(settings))
     window_s = settings.schedule.window_s
     due = []
     for engine in settings.engines:
-        key = redis_keys.LOOP_NEXT_TICK.format(engine=engine.name)
-        next_tick = store.get(key)
-        if next_tick is None or float(next_tick) <= now:
+        next_tick = state.next_tick(engine.name)
+        if next_tick is None or next_tick <= now:
             start = window_start(now, window_s)
-            store.set(key, start + window_s)
+            state.set_next_tick(engine.name, start + window_s)
             due.append((engine.name, start))
     return due
 
@@ -52,11 +52,11 @@ def dispatch() -> dict[str, Any]:
 def tick(engine: str, window: float) -> dict[str, Any] | None:
     """The window tick of ``engine`` for the window starting at ``window`` (Unix seconds)."""
     settings = current_settings()
-    return WarmLoop(settings, store_client(settings)).tick(engine, now=window)
+    return WarmLoop(settings, store_client(settings), submitter(settings)).tick(engine, now=window)
 
 
 @shared_task(name="prewarm.loop.warm", base=PrewarmTask)
 def warm(engine: str, reason: str) -> dict[str, Any]:
     """Warm ``engine`` now for ``reason`` (``demo``, ``cli``, ``trigger`` …) through the loop."""
     settings = current_settings()
-    return WarmLoop(settings, store_client(settings)).warm_now(engine, reason)
+    return WarmLoop(settings, store_client(settings), submitter(settings)).warm_now(engine, reason)

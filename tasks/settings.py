@@ -102,7 +102,8 @@ class ScheduleSettings(_Section):
     replica_watch_s: int = Field(10, ge=1)
 
 
-#: Kinds of ``[[sources]]`` entry, each read by the reader registered for it (``tasks.sources``).
+#: Kinds of ``[[sources]]`` entry, each read by the reader registered for it
+#: (``tasks.adapters.sources``).
 SOURCE_KINDS = ("vllm-log", "tgi-log", "jsonl", "trace")
 #: The kind of ``[[sources]]`` entry that is an engine's KV-event stream (``prewarm kv-events``).
 KV_EVENTS = "kv-events"
@@ -214,14 +215,14 @@ class Settings(_Section):
     data_dir: Path = Path(".prewarm")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # Chosen together: a plan whose worker died resumes within one lease plus one sweep
-    # (tasks.warm); the broker's visibility timeout only re-delivers the lost message later,
+    # (tasks.warm_tasks); the broker's visibility timeout only re-delivers the lost message later,
     # and must outlast the longest batch and a retry's countdown of three leases.
     visibility_timeout_s: int = Field(900, ge=60)
     wal_lease_s: int = Field(30, ge=1)
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=1, le=65535)
     # how long a batch's metrics wait in its worker, summed with the batches after it, before
-    # they are written (tasks.telemetry); 0 writes each batch's as it ends
+    # they are written (tasks.adapters.telemetry); 0 writes each batch's as it ends
     metrics_flush_s: float = Field(METRICS_FLUSH_S, ge=0, le=60)
     engines: tuple[EngineSettings, ...] = ()
     template_repos: tuple[TemplateRepoSettings, ...] = ()

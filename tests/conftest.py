@@ -88,7 +88,7 @@ def store_url() -> Iterator[str]:
 
 
 def _write_pending_metrics() -> None:
-    from tasks.telemetry import flush_batch_metrics
+    from tasks.adapters.telemetry import flush_batch_metrics
 
     with contextlib.suppress(redis.RedisError):  # a test's own unreachable store: nothing to keep
         flush_batch_metrics()

@@ -46,8 +46,8 @@ from jinja2 import Template as JinjaTemplate
 
 from benchmarks.engines.engine import CPU_BLOCK_TOKENS, vllm_model
 from benchmarks.engines.workload import Request, Workload, build_workload
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan
-from pipeline.planning import PlanRequest, candidates, plan_from_candidates
+from pipeline.planner.candidates import PlanRequest, candidates, plan_from_candidates
+from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan
 from pipeline.records import records_frame
 
 USABLE_BLOCKS = 63
@@ -268,8 +268,8 @@ def history_records(prompts: Prompts, history: Sequence[Request]) -> pd.DataFram
 
 
 def planner_request(blocks: int) -> PlanRequest:
-    """What ``tasks.warm_plan.plan_request`` makes of the benchmark's settings file for a cache
-    of ``blocks`` blocks (vLLM's null block left out)."""
+    """What ``tasks.services.planning.plan_request`` makes of the benchmark's settings file for a
+    cache of ``blocks`` blocks (vLLM's null block left out)."""
     budget = PlanBudget(max_items=100, max_tokens=(blocks - 1) * CPU_BLOCK_TOKENS,
                         max_seconds=300.0, concurrency=1, batch_size=4,
                         block_tokens=CPU_BLOCK_TOKENS)  # fmt: skip

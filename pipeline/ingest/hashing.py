@@ -6,7 +6,7 @@ conversation's next prompt repeats the whole previous one. A pseudo-token ending
 a character it has to read), so every block that ends before the first character where two
 prompts differ is the same in both. Prompts are remembered per head, for heads of doubling
 lengths: a new prompt finds the latest prompt with its longest known head, and tokenises only
-what follows the text the two share: the same hashes as :func:`pipeline.prefix.block_hashes`.
+what follows the text the two share: the same hashes as :func:`pipeline.prefix_blocks.block_hashes`.
 
 :meth:`PrefixHasher.hashes_many` hashes many prompts in order, numpy cutting their tails
 together: on prompts like a chat log's, about 8 µs a prompt before, 5.5 one at a time now and
@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from pipeline.prefix import BlockCursor, ascii_block_sizes
+from pipeline.prefix_blocks import BlockCursor, ascii_block_sizes
 
 #: head lengths (characters) remembered, shortest first: a prompt reuses its longest known head
 HEAD_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -91,7 +91,7 @@ class PrefixHasher:
     def hashes_many(self, prompts: Sequence[str]) -> list[list[str]]:
         """:meth:`hashes` of each of ``prompts``, in order (the same lists), about 1.2x faster
         than one at a time: their tails are cut into blocks together, BATCH_PROMPTS at a time
-        (:func:`~pipeline.prefix.ascii_block_sizes`)."""
+        (:func:`~pipeline.prefix_blocks.ascii_block_sizes`)."""
         results: list[list[str]] = []
         for start in range(0, len(prompts), BATCH_PROMPTS):
             results += self._hash_batch(prompts[start : start + BATCH_PROMPTS])

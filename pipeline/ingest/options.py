@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import BadInputError
 from pipeline.ingest.lines import DEFAULT_MAX_LINE_BYTES
-from pipeline.prefix import DEFAULT_BLOCK_SIZE
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE
 
 #: byte size of one chunk of a large file; 32 MiB keeps a worker well under 300 MB
 DEFAULT_CHUNK_BYTES = 32 << 20

@@ -41,7 +41,7 @@ from pipeline.ingest.columnar import typed_values
 from pipeline.ingest.lines import LineReader
 from pipeline.ingest.reprs import INT64, UINT64
 from pipeline.ingest.summary import Rejects
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, block_hashes, block_hashes_from_ids
 from pipeline.records import RECORD_COLUMNS, RECORD_DTYPES, conform_records
 from pipeline.windows import COUNT_DTYPES
 

@@ -28,7 +28,7 @@ from pipeline.ingest.vllm_fields import (
     v0_prefix_rates,
     whole_stats,
 )
-from pipeline.prefix import block_hashes_from_ids, count_tokens
+from pipeline.prefix_blocks import block_hashes_from_ids, count_tokens
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAG = re.compile(r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\) ")

@@ -191,3 +191,13 @@ def check_engine_url(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     except (ValueError, AttributeError) as exc:
         raise EngineUnavailableError(f"engine at {shown}: /v1/models is not a model list") from exc
     return {"url": shown, "models": names}
+
+
+def http_get(url: str, timeout_s: float) -> httpx.Response:
+    """GET ``url`` once (a health check); a bad URL is bad input, no answer is transient."""
+    try:
+        return httpx.get(url, timeout=timeout_s)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise BadInputError(f"not a usable URL ({exc})", where=redacted(url)) from exc
+    except httpx.TransportError as exc:
+        raise TransientError(f"cannot reach {redacted(url)} ({exc})") from exc

@@ -20,7 +20,7 @@ import httpx
 
 from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.own_requests import own_request_id
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from tasks.settings import EngineSettings
 
 
@@ -144,7 +144,7 @@ class EngineClient:
 
     def _salt(self, payload: dict[str, Any], item: WarmItem) -> None:
         """With tenant isolation, every request carries its tenant's ``cache_salt`` — also for
-        plans that were not built with :func:`pipeline.plan.with_cache_salt`."""
+        plans that were not built with :func:`pipeline.planner.plan.with_cache_salt`."""
         if self.engine.tenant_isolation:
             payload.setdefault("cache_salt", item.tenant)
 

@@ -29,11 +29,11 @@ from typing import Any
 import redis
 
 from pipeline.errors import BadInputError
-from pipeline.plan import WarmItem, WarmPlan
+from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.wal import PlanProgress
 from tasks.adapters import redis_keys
+from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.wal_store import as_text
-from tasks.targets.base import WarmOptions
 
 PLAN_TTL_S = 7 * 24 * 3600
 _RELEASE = """

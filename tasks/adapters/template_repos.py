@@ -8,6 +8,7 @@ an option. The last sha whose templates were re-warmed is kept per repository in
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,12 @@ from tasks.settings import Settings, TemplateRepoSettings
 _SHA = re.compile(r"\A(?:[0-9a-f]{40}|[0-9a-f]{64})\Z")
 _SYMLINK_MODE = 0o120000
 _STATE_KEY = redis_keys.TEMPLATE_STATE
+#: A webhook delivery id is remembered this long (a forge's redelivery comes within days).
+DELIVERY_TTL_S = 7 * 24 * 3600
+#: Longest one push may hold its repository's lock (a push takes seconds).
+PUSH_LOCK_S = 600
+_DELIVERY = redis_keys.WEBHOOK_DELIVERY
+_LOCK = redis_keys.TEMPLATE_LOCK
 
 
 def is_null_sha(sha: str | None) -> bool:
@@ -276,3 +283,22 @@ def last_sha(store: redis.Redis, repo: str) -> str | None:
 def set_last_sha(store: redis.Redis, repo: str, sha: str) -> None:
     """Record ``sha`` as processed."""
     store.set(_key(repo, "sha"), check_sha(sha, "sha"))
+
+
+def claim_delivery(store: redis.Redis, forge: str, delivery: str, body: bytes) -> bool:
+    """Claim a webhook delivery once; False when it was seen before (a replay or redelivery)."""
+    ident = delivery or "body-" + hashlib.sha256(body).hexdigest()
+    key = _DELIVERY.format(forge=forge, delivery=ident[:200])
+    return bool(store.set(key, "1", nx=True, ex=DELIVERY_TTL_S))
+
+
+def release_delivery(store: redis.Redis, forge: str, delivery: str, body: bytes) -> None:
+    """Forget a claimed delivery (its task could not be queued, so the forge may retry)."""
+    ident = delivery or "body-" + hashlib.sha256(body).hexdigest()
+    store.delete(_DELIVERY.format(forge=forge, delivery=ident[:200]))
+
+
+def push_lock(store: redis.Redis, repo: str) -> redis.lock.Lock:
+    """The lock one push of ``repo`` holds while processed (non-blocking; it expires on its own
+    if a worker dies holding it): two pushes side by side could commit out of order."""
+    return store.lock(_LOCK.format(repo=repo), timeout=PUSH_LOCK_S, blocking_timeout=0)

@@ -36,7 +36,7 @@ from pipeline.wal import (
     sources,
 )
 from tasks.adapters import redis_keys
-from tasks.telemetry import record_wal
+from tasks.adapters.telemetry import record_wal
 
 PREFIX = redis_keys.WAL_PREFIX
 ACTIVE = PREFIX + "active"

@@ -107,9 +107,9 @@ def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):
     from benchmarks.engines.vllm_cold_start import token_counter
     from benchmarks.engines.worker import prewarm_environment, running_worker
     from benchmarks.engines.workload import build_workload
-    from tasks.kv_state import KvStateStore
+    from tasks.adapters.kv_state import KvStateStore
     from tasks.settings import load_settings
-    from tasks.warm import batch_results, wait_plan
+    from tasks.warm_tasks import batch_results, wait_plan
     from tests.conftest import STORE_URL
 
     # long heads (2400-3400 tokens of a 4096 context): the first token's wait is prefill, not

@@ -22,7 +22,7 @@ import redis
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.webhooks import webhook_app
-from tasks.events import queue_repo_changed
+from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 from tests.conftest import REPO_ROOT, worker_env
 from tests.integration.http_server import serve

@@ -65,8 +65,8 @@ def test_health_is_503_naming_redis_when_it_is_down():
 
 
 def test_metrics_expose_the_clusters_warm_up_telemetry_from_the_store(api_url, store):
-    from pipeline.plan import WarmItem, WarmPlan, new_plan_id
-    from tasks import telemetry
+    from pipeline.planner.plan import WarmItem, WarmPlan, new_plan_id
+    from tasks.adapters import telemetry
 
     item = WarmItem("prefix", "k1", "m", text="x", tokens=7)
     plan = WarmPlan(new_plan_id(), "e", (item,), dropped=2)

@@ -389,7 +389,7 @@ def assert_kv_events_flow(stack: LocalStack, within_s: float = 120.0) -> None:
     import httpx
     import redis
 
-    from tasks.kv_state import KvStateStore
+    from tasks.adapters.kv_state import KvStateStore
 
     url = f"http://127.0.0.1:{stack.services['simulator'].ports[8000]}"
     store = redis.Redis(port=stack.redis_port, db=1)  # PREWARM_STORE_URL's default database

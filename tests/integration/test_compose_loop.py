@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from tasks.loop import window_start
+from tasks.services.loop import window_start
 from tasks.settings import load_settings
 from tests.integration.test_compose import LocalStack
 

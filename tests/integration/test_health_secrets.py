@@ -85,8 +85,8 @@ def test_control_character_in_a_command_line_url_is_one_line():
 
 
 def test_a_worker_never_logs_an_engine_password(sim, tmp_path, celery_app_configured):
-    from tasks.targets.base import WarmOptions
-    from tasks.warm import submit_plan, wait_plan
+    from tasks.adapters.targets.base import WarmOptions
+    from tasks.warm_tasks import submit_plan, wait_plan
     from tests.conftest import WorkerProcess, worker_env
     from tests.integration.warm.conftest import plan_of, prefix_item, settings_for, write_config
 

@@ -13,7 +13,7 @@ import redis
 
 from benchmarks.engines.engine import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
-from tasks.kv_state import KvStateStore
+from tasks.adapters.kv_state import KvStateStore
 from tests.conftest import BROKER_URL, STORE_URL
 from tests.integration.processes import prewarm_script
 from tests.integration.test_cli_errors import assert_one_line, prewarm

@@ -19,10 +19,11 @@ import redis
 
 from benchmarks.engines.engine import free_port
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
-from tasks.kv_source import FollowReport, KvSource, follow
-from tasks.kv_state import KvStateStore, read_counts
+from tasks.adapters import telemetry
+from tasks.adapters.kv_state import KvStateStore, read_counts
+from tasks.services.kv_follow import FollowReport, KvSource, follow
 from tasks.settings import load_settings
-from tasks.warm import batch_results, wait_plan
+from tasks.warm_tasks import batch_results, submitter, wait_plan
 from tests.conftest import BROKER_URL, STORE_URL, WorkerProcess, worker_env
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,8 @@ def test_a_restarted_engine_is_restored_from_its_events_alone(
     stop, report = threading.Event(), FollowReport()
 
     def run() -> None:
-        report.__dict__.update(follow(source, settings, store, stop=stop, queue=QUEUE,
+        submit = submitter(settings, queue=QUEUE)
+        report.__dict__.update(follow(source, settings, store, submit=submit, stop=stop,
                                       probe_s=1.0).__dict__)  # fmt: skip
 
     worker = WorkerProcess(tmp_path / "worker.log", env=worker_env({"PREWARM_CONFIG": str(config)}),
@@ -107,5 +109,8 @@ def test_a_restarted_engine_is_restored_from_its_events_alone(
         follower.join(15)
         worker.stop()
     assert report.resets >= 1 and report.restores == [plan_id]
+    # the restore is counted with its own reason by the real telemetry writer
+    plans = dict(telemetry.read_series(store)["prewarm_plans_total"])
+    assert plans == {("sim", "replica"): 1.0}, plans
     counts = read_counts(tmp_path / "data", "sim")
     assert counts is not None and counts["stored"].sum() > 0 and counts["requests"].max() >= 5

@@ -21,14 +21,18 @@ import redis
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
+from pipeline.planner.reasons import REASONS
 from pipeline.windows import COUNT_DTYPES
-from tasks import telemetry, warm_plan
+from tasks.adapters import telemetry
+from tasks.adapters.observations import Observations
 from tasks.adapters.plan_store import PlanStore
-from tasks.loop import WarmLoop
-from tasks.loop_status import loop_status
-from tasks.observations import Observations
-from tasks.planner_entry import REASONS, reason_of
+from tasks.adapters.sources import SourceStates, read_new
+from tasks.adapters.targets.base import WarmOptions
+from tasks.services import planning
+from tasks.services.batch_runner import BatchRunner
+from tasks.services.loop import WarmLoop
+from tasks.services.status import loop_status
 from tasks.settings import (
     EngineSettings,
     LoopSettings,
@@ -36,9 +40,6 @@ from tasks.settings import (
     Settings,
     SourceSettings,
 )
-from tasks.sources import SourceStates, read_new
-from tasks.targets.base import WarmOptions
-from tasks.warm_batch import BatchRunner
 from tests.conftest import REPO_ROOT
 from tests.integration.processes import free_port, prewarm_script, wait_for_http
 
@@ -195,16 +196,16 @@ def test_an_engine_that_is_down_gets_no_plan_and_a_status_line(sim, loop_setting
     sim.start()
 
 
-def test_every_reason_plans_through_plan_for_engine(sim, loop_settings, store, monkeypatch):
+def test_every_reason_plans_through_plan_for(sim, loop_settings, store, monkeypatch):
     calls: list[str] = []
-    real = warm_plan.plan_for_engine
+    real = planning.plan_for
 
     def spy(*args, **kwargs):
         plan = real(*args, **kwargs)
         calls.append(plan.plan_id)
         return plan
 
-    monkeypatch.setattr(warm_plan, "plan_for_engine", spy)
+    monkeypatch.setattr(planning, "plan_for", spy)
     traffic(sim.url, 2)
     loop = WarmLoop(loop_settings, store, submit=in_process(store, loop_settings))
     plans = {}
@@ -212,7 +213,7 @@ def test_every_reason_plans_through_plan_for_engine(sim, loop_settings, store, m
         outcome = loop.warm_now("sim", reason)
         plans[reason] = PlanStore(store).load(outcome["plan_id"])[0]
     from jobs.cmd_warm import build_plan_from
-    from tasks.rewarm import template_plan
+    from tasks.services.rewarm import template_plan
 
     observed = Observations(loop_settings.data_dir, "sim").records_path
     monkeypatch.setenv("PREWARM_CONFIG", str(_config_file(loop_settings, observed.parent)))
@@ -229,7 +230,7 @@ def test_every_reason_plans_through_plan_for_engine(sim, loop_settings, store, m
     plans["template"] = template_plan(loop_settings, loop_settings.engine("sim"), rewarm, {})
     assert set(plans) == set(REASONS)
     for reason, plan in plans.items():
-        assert reason_of(plan) == reason and plan.plan_id in calls, reason
+        assert plan.reason == reason and plan.plan_id in calls, reason
         assert plan.items, reason
     assert any(i.kind == "shape" for i in plans["replica"].items)  # a replica gets its shapes
     endpoints = {i.endpoint for i in plans["template"].items}
@@ -347,7 +348,7 @@ def test_key_drift_of_the_last_window_is_a_trigger_of_the_tick_with_a_cooldown(
     steady = {"p:billing": 40, "p:claims": 30, "p:travel": 20}
     rows = [r for w in range(7) for r in _window_counts(60.0 * w, steady)]
     observations.append(None, pd.DataFrame(rows).astype(COUNT_DTYPES), 1000, 100)
-    loop = WarmLoop(settings, store, clock=lambda: 60.0 * 8)
+    loop = WarmLoop(settings, store, submit=in_process(store, settings), clock=lambda: 60.0 * 8)
     assert loop.key_drift(engine, 60.0 * 8) is None  # the same keys every window
 
     moved = _window_counts(60.0 * 7, {"p:legal": 60, "p:audit": 40})

@@ -14,10 +14,10 @@ from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from pipeline.triggers import TriggerEvent
 from tasks.adapters.plan_store import PlanStore
-from tasks.engine_watch import observe, parse_metrics
-from tasks.rewarm import apply_rewarm
+from tasks.services.batch_runner import BatchRunner
+from tasks.adapters.engine_probe import observe, parse_metrics
+from tasks.services.rewarm import apply_rewarm
 from tasks.settings import EngineSettings, Settings, SourceSettings, TemplateRepoSettings
-from tasks.warm_batch import BatchRunner
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
+from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
 from pipeline.triggers import EngineSample
-from tasks import telemetry
+from tasks.adapters import telemetry
 from tests.integration.processes import prewarm_script
 
 pytestmark = pytest.mark.integration

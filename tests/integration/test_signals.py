@@ -10,9 +10,9 @@ import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_to_dir
-from tasks.rewarm import hotness
+from tasks.services.ingest_triggers import process_ingest
+from tasks.services.rewarm import hotness
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
-from tasks.signals import process_ingest
 
 pytestmark = pytest.mark.integration
 

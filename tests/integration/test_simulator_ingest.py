@@ -9,7 +9,7 @@ import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer, render_chat
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.prefix import block_hashes
+from pipeline.prefix_blocks import block_hashes
 
 pytestmark = pytest.mark.integration
 

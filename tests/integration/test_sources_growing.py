@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from pipeline.ingest import IngestOptions, ingest_paths
+from tasks.adapters.sources import SourceStates, read_new, source_id
 from tasks.settings import EngineSettings, ScheduleSettings, Settings, SourceSettings
-from tasks.sources import SourceStates, read_new, source_id
 from tests.conftest import BROKER_URL, SHARED_DATA, STORE_URL
 
 pytestmark = pytest.mark.integration

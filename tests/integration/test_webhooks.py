@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from jobs.webhooks import webhook_app
-from tasks.events import queue_repo_changed
+from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import Settings, TemplateRepoSettings
 from tests.integration.http_server import serve
 

@@ -24,10 +24,10 @@ import redis
 
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from pipeline.keys import decode_value
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
+from tasks.adapters.targets.base import WarmOptions
 from tasks.settings import Settings
-from tasks.targets.base import WarmOptions
-from tasks.warm import recover_and_resume, submit_plan, wait_plan
+from tasks.warm_tasks import recover_and_resume, submit_plan, wait_plan
 from tests.conftest import WorkerProcess, worker_env
 from tests.integration.warm.conftest import (
     MODEL,

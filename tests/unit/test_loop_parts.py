@@ -12,8 +12,8 @@ import pytest
 from pipeline.errors import SettingsError
 from pipeline.triggers import EngineSample
 from tasks.adapters import redis_keys
-from tasks.engine_watch import EngineDetectors
-from tasks.observations import Observations, merge_counts
+from tasks.adapters.observations import Observations, merge_counts
+from tasks.services.replica_watch import EngineDetectors
 from tasks.settings import current_settings, load_settings
 
 ENGINE = '[[engines]]\nname = "{name}"\nurl = "http://127.0.0.1:1"\nmodel = "m"\n'

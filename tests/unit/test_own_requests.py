@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.own_requests import is_own_request, own_request_id, without_own_requests
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from pipeline.windows import item_window_counts
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.settings import EngineSettings

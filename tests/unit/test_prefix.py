@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.prefix import (
+from pipeline.prefix_blocks import (
     _BYTE_CLASSES,
     BlockCursor,
     ascii_block_sizes,

@@ -12,7 +12,7 @@ from jobs.simulator.chat import render_chat
 from jobs.simulator.outputs import generate_tokens, natural_length
 from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter
 from pipeline.errors import BadInputError
-from pipeline.prefix import block_hashes
+from pipeline.prefix_blocks import block_hashes
 from tests.conftest import REPO_ROOT
 
 

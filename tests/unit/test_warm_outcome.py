@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.warm_outcome import MISS_CAUSES, WarmState, WindowOutcome, window_outcome
+from pipeline.window_outcome import MISS_CAUSES, WarmState, WindowOutcome, window_outcome
 
 WINDOW = (1000.0, 1300.0)
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
+from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
 from tasks.settings import Settings, load_settings
 from tests.conftest import BROKER_URL, STORE_URL, WorkerProcess, worker_env
 

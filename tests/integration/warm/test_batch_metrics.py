@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.plan import WarmItem, WarmPlan, new_plan_id
+from pipeline.planner.plan import WarmItem, WarmPlan, new_plan_id
 from pipeline.triggers import EngineSample
-from tasks import telemetry
+from tasks.adapters import telemetry
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.targets.base import WarmOptions
+from tasks.services.batch_runner import BatchRunner
 from tasks.settings import METRICS_FLUSH_S, current_settings
-from tasks.targets.base import WarmOptions
-from tasks.warm_batch import BatchRunner
 from tests.integration.warm.conftest import plan_of, prefix_item, response_item
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import ingest_to_dir
-from tasks.warm import submit_plan, wait_plan
-from tasks.warm_plan import plan_for_engine, plan_request, read_records
+from tasks.services.planning import plan_for, plan_request, read_records
+from tasks.warm_tasks import submit_plan, wait_plan
 from tests.integration.warm.conftest import MODEL
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_a_chat_users_prompt_head_is_what_was_primed(
     assert set(records["endpoint"].dropna()) == {"/v1/chat/completions"}
     engine = warm_settings.engine("sim")
     request = plan_request(warm_settings, "sim")
-    plan = plan_for_engine(records, request, engine=engine)
+    plan = plan_for(records, request, engine=engine)
     assert len(plan.items) == 3  # one per template, the one seen once included
     sim.engine.reset_prefix_cache()  # the restart: nothing cached
     plan_id = submit_plan(plan, settings=warm_settings, queue=warm_queue)

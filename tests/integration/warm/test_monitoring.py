@@ -20,11 +20,12 @@ import pytest
 import yaml
 
 from pipeline.triggers import REPLICA_RESTARTED, TriggerEvent
-from tasks import telemetry
+from tasks.adapters import telemetry
 from tasks.adapters.wal_store import WalStore
-from tasks.engine_watch import cooldown_allows, observe
+from tasks.adapters.cooldowns import cooldown_allows
+from tasks.adapters.engine_probe import observe
 from tasks.settings import METRICS_FLUSH_S
-from tasks.warm import recover, submit_plan, wait_plan
+from tasks.warm_tasks import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
 from tests.integration.debian_tools import tool
 from tests.integration.processes import free_port, prewarm_script, wait_for_http

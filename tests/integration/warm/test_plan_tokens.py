@@ -7,9 +7,9 @@ import socket
 import httpx
 
 from jobs.simulator import SimulatorServer
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
+from tasks.services.planning import measure_tokens
 from tasks.settings import EngineSettings
-from tasks.warm_plan import measure_tokens
 
 SYSTEM = "You are a careful assistant for the billing team; cite the policy. "
 

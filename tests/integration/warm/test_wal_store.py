@@ -90,8 +90,8 @@ def test_engine_semaphore_is_shared_and_holders_expire(store):
 
 
 def test_sweep_rolls_back_a_batch_of_an_engine_no_longer_configured(store):
+    from tasks.services.batch_runner import BatchRunner
     from tasks.settings import Settings
-    from tasks.warm_batch import BatchRunner
 
     settings = Settings.model_validate({"wal_lease_s": 1})  # no engines at all
     wal = WalStore(store, lease_s=1)

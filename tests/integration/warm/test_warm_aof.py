@@ -17,7 +17,7 @@ from pipeline.keys import decode_value
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.wal_store import WalStore
 from tasks.settings import load_settings
-from tasks.warm import batch_results, plan_report, submit_plan, wait_plan
+from tasks.warm_tasks import batch_results, plan_report, submit_plan, wait_plan
 from tests.conftest import BROKER_URL, WorkerProcess, worker_env
 from tests.integration.warm.conftest import plan_of, response_item, write_config
 

@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
 from pipeline.records import records_frame
 from tasks.adapters.wal_store import WalStore
 from tests.conftest import REPO_ROOT, worker_env

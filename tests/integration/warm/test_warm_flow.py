@@ -10,8 +10,8 @@ import pytest
 from pipeline.keys import decode_value
 from tasks.adapters.cache_client import CacheClient
 from tasks.adapters.plan_store import PlanStore
-from tasks.targets.base import WarmOptions
-from tasks.warm import batch_results, plan_report, submit_plan, wait_plan
+from tasks.adapters.targets.base import WarmOptions
+from tasks.warm_tasks import batch_results, plan_report, submit_plan, wait_plan
 from tests.integration.warm.conftest import (
     adapter_item,
     engine_prompt_tokens,

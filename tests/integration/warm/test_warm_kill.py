@@ -15,9 +15,9 @@ import pytest
 from pipeline.keys import decode_value
 from pipeline.wal import FINAL_STATES
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.wal_store import WalStore
-from tasks.targets.base import WarmOptions
-from tasks.warm import recover, submit_plan, wait_plan
+from tasks.warm_tasks import recover, submit_plan, wait_plan
 from tests.integration.warm.conftest import adapter_item, plan_of, response_item
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, ingest_paths, ingest_to_dir
 from pipeline.ingest.parse import ChunkSpec, parse_pieces
 from pipeline.ingest.sinks import read_records
-from pipeline.prefix import count_tokens
+from pipeline.prefix_blocks import count_tokens
 from tests.conftest import SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"

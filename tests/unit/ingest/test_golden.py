@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.prefix import block_hashes
+from pipeline.prefix_blocks import block_hashes
 from tests.conftest import SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"

@@ -1,4 +1,4 @@
-"""Prefix hashes read faster must be the hashes of :func:`pipeline.prefix.prefix_chain`."""
+"""Prefix hashes read faster must be the hashes of :func:`pipeline.prefix_blocks.prefix_chain`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline.ingest import hashing
 from pipeline.ingest.hashing import HEAD_LENGTHS, STEM_CHARS, PrefixHasher, shared_blocks
-from pipeline.prefix import BlockCursor, block_hashes, prefix_chain
+from pipeline.prefix_blocks import BlockCursor, block_hashes, prefix_chain
 
 #: characters that decide pseudo-tokens: word, punctuation, white space (and non-ASCII ones)
 _TEXT = st.text(alphabet=st.sampled_from("ab1_ é.,!?-\n\t\u00a0\u2003µ€"), max_size=300)

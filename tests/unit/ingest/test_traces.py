@@ -21,7 +21,7 @@ from pipeline.ingest.traces import (
     read_mooncake,
     read_servegen,
 )
-from pipeline.prefix import block_hashes, block_hashes_from_ids
+from pipeline.prefix_blocks import block_hashes, block_hashes_from_ids
 from pipeline.records import RECORD_COLUMNS
 from tests.conftest import SHARED_DATA
 

@@ -24,7 +24,7 @@ from pipeline.kv_holdings import (
     restore_candidates,
 )
 from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from tests.unit.kv.test_kv_events import DATA, captured
 
 

@@ -173,7 +173,7 @@ def test_day_profiles_need_a_day_of_history_and_never_read_ahead():
 
 def test_the_planner_uses_the_saved_winner_and_names_it(tmp_path):
     from models.forecaster import SAVED_NAME
-    from tasks.warm_plan import saved_forecast
+    from tasks.services.planning import saved_forecast
 
     counts = counts_from_matrix(_moving_day(days=2), WINDOW, kind="prefix")
     matrix = CountMatrix.from_counts(counts, kind="prefix")

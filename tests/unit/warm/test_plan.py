@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import BadInputError
-from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
-from pipeline.planner_select import build_plan, priming_order, score_item, with_cache_salt
+from pipeline.planner.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planner.select import build_plan, priming_order, score_item, with_cache_salt
 
 COST = EngineCost(prefill_s_per_token=1e-3, request_overhead_s=0.01)
 

@@ -14,8 +14,7 @@ from pipeline.evaluation import CountMatrix
 from pipeline.ingest import ingest_to_dir
 from pipeline.ingest.options import IngestOptions
 from pipeline.keys import CacheKey
-from pipeline.plan import PlanBudget
-from pipeline.planning import (
+from pipeline.planner.candidates import (
     PlanRequest,
     TemplateHead,
     candidates,
@@ -23,11 +22,12 @@ from pipeline.planning import (
     plan_from_records,
     template_head_items,
 )
-from pipeline.prefix import block_hashes
+from pipeline.planner.plan import PlanBudget
+from pipeline.prefix_blocks import block_hashes
 from pipeline.records import records_frame
 from pipeline.windows import item_window_counts
+from tasks.services.planning import plan_for, plan_request, read_records
 from tasks.settings import Settings
-from tasks.warm_plan import plan_for_engine, plan_request, read_records
 from tests.conftest import SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"
@@ -81,13 +81,13 @@ def _with_windows(tmp_path) -> tuple[pd.DataFrame, Path, PlanRequest]:
 
 def test_learned_forecast_is_used_when_the_windows_allow(tmp_path):
     records, windows, request = _with_windows(tmp_path)
-    learned = plan_for_engine(records, request, windows, forecast="auto")
+    learned = plan_for(records, request, windows=windows, forecast="auto")
     assert "forecast: model (fitted)" in learned.notes
     assert learned.items[-1].text.startswith(HEADS[0][:30])
-    frequency = plan_for_engine(records, request, windows, forecast="frequency")
+    frequency = plan_for(records, request, windows=windows, forecast="frequency")
     assert "forecast: frequency" in frequency.notes
-    short = plan_for_engine(records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=30)],
-                            request, None)  # fmt: skip
+    short = plan_for(records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=30)],
+                            request, windows=None)  # fmt: skip
     assert "forecast: frequency" in short.notes
 
 
@@ -96,12 +96,12 @@ def test_a_saved_forecaster_is_preferred_and_an_unusable_one_is_refitted(tmp_pat
     models = tmp_path / "models"
     counts = CountMatrix.from_counts(pd.read_parquet(windows), kind="prefix")
     save_model(HotnessForecaster().fit(counts), models, SAVED_NAME)  # what retrain saves
-    saved = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
+    saved = plan_for(records, request, windows=windows, forecast="auto", models_root=models)
     assert "forecast: model (saved)" in saved.notes
     assert saved.items[-1].text.startswith(HEADS[0][:30])
     metadata = next(models.glob("hotness/*/metadata.json"))
     metadata.write_text(metadata.read_text().replace('"code_version"', '"code_version_was"'))
-    refitted = plan_for_engine(records, request, windows, forecast="auto", models_root=models)
+    refitted = plan_for(records, request, windows=windows, forecast="auto", models_root=models)
     assert "forecast: model (fitted)" in refitted.notes
 
 
@@ -286,14 +286,14 @@ def test_a_replica_plan_has_one_shape_per_workload_profile():
         {"engines": [{"name": "e", "url": "http://x", "model": "m"}]}
     )
     request = plan_request(settings, "e", reason="replica")
-    plan = plan_for_engine(_two_shapes(), request)
+    plan = plan_for(_two_shapes(), request)
     shapes = [i for i in plan.items if i.kind == "shape"]
     assert plan.notes[0] == "reason: replica"
     profiles = next(n for n in plan.notes if n.startswith("shapes:"))
     assert profiles.startswith("shapes: ") and "workload profiles" in profiles, plan.notes
     assert len(shapes) == int(profiles.split()[1]) >= 2
     assert {i.params["max_tokens"] for i in shapes} >= {16, 512}  # both shapes kept
-    few = plan_for_engine(_two_shapes()[:10], request)
+    few = plan_for(_two_shapes()[:10], request)
     assert "shapes: length buckets (too few requests to profile)" in few.notes
 
 
@@ -306,7 +306,7 @@ vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching
 def test_block_size_and_capacity_come_from_the_engine_when_not_configured():
     import httpx
 
-    from tasks.warm_plan import engine_cache, with_engine_cache
+    from tasks.services.planning import engine_cache, with_engine_cache
 
     settings = Settings.model_validate(
         {"engines": [{"name": "e", "url": "http://x", "model": "m", "kind": "vllm"}]}

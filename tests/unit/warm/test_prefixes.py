@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.prefix import prefix_chain
-from pipeline.prefixes import (
+from pipeline.prefix_blocks import prefix_chain
+from pipeline.records import records_frame
+from pipeline.shared_prefixes import (
     detect_prefixes,
     frequency_forecast,
     frequency_hits,
     history_rate,
     prefix_items,
 )
-from pipeline.records import records_frame
 
 SYSTEM = "You are a careful assistant for the billing team. " * 8
 OTHER = "Translate the following support ticket into plain English please. " * 6

@@ -9,13 +9,13 @@ import pytest
 
 from pipeline.errors import EngineUnavailableError
 from pipeline.keys import response_key
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from tasks.adapters.cache_client import CacheClient
 from tasks.adapters.engine_client import EngineClient, EngineError, RetryPolicy
+from tasks.adapters.targets.base import BatchContext, WarmOptions
+from tasks.adapters.targets.prefix import groups
+from tasks.adapters.targets.response import apply_embeddings
 from tasks.settings import EngineSettings
-from tasks.targets.base import BatchContext, WarmOptions
-from tasks.targets.prefix import groups
-from tasks.targets.response import apply_embeddings
 
 ENGINE = EngineSettings(name="e", url="http://engine.test", model="m")
 FAST = RetryPolicy(attempts=3, base_s=0.0)
@@ -112,7 +112,7 @@ def test_embeddings_are_stored_and_found_by_similarity(store):
 
 @pytest.mark.parametrize(("probe_s", "ok"), [(0.0, True), (0.3, False)])
 def test_without_cached_tokens_a_prefix_must_answer_faster_after_priming(probe_s, ok):
-    from tasks.targets import apply_items, verify_items
+    from tasks.adapters.targets import apply_items, verify_items
 
     delays = [0.3, probe_s]
 
@@ -175,7 +175,7 @@ def _accounting_engine(cached_on_probe: int, kind: str = "simulator", queries: f
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_where_the_prime_reports_cached_tokens_and_the_cache_counts_lookups_one_request_each(chat):
-    from tasks.targets import apply_items, verify_items
+    from tasks.adapters.targets import apply_items, verify_items
 
     client, seen = _accounting_engine(cached_on_probe=256, queries=1200.0)
     ctx = BatchContext(None, client, WarmOptions(prompts_per_request=1))  # type: ignore[arg-type]
@@ -189,7 +189,7 @@ def test_where_the_prime_reports_cached_tokens_and_the_cache_counts_lookups_one_
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_where_the_prime_reports_cached_tokens_one_sampled_probe_per_batch(chat):
-    from tasks.targets import apply_items, verify_items
+    from tasks.adapters.targets import apply_items, verify_items
 
     client, seen = _accounting_engine(cached_on_probe=256)
     ctx = BatchContext(None, client, WarmOptions(prompts_per_request=1))  # type: ignore[arg-type]
@@ -204,7 +204,7 @@ def test_where_the_prime_reports_cached_tokens_one_sampled_probe_per_batch(chat)
 
 
 def test_a_sample_that_finds_nothing_cached_has_every_item_probed_and_failed():
-    from tasks.targets import apply_items, verify_items
+    from tasks.adapters.targets import apply_items, verify_items
 
     # prefix caching switched off: no lookups counted, nothing ever cached
     client, seen = _accounting_engine(cached_on_probe=0, queries=0.0)

@@ -38,19 +38,14 @@ from typing import Any, cast
 import redis
 
 from pipeline.errors import PrewarmError
-from pipeline.plan import WarmItem, WarmPlan
+from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.triggers import (
-    HIT_RATE_DROP,
-    KEY_DRIFT,
-    REPLICA_READY,
-    REPLICA_RESTARTED,
-    REQUEST_SPIKE,
     EngineSample,
     bucket_delta,
     histogram_quantile,
     interval_hit_rate,
 )
-from pipeline.warm_outcome import WarmState, WindowOutcome, window_outcome
+from pipeline.window_outcome import WarmState, WindowOutcome, window_outcome
 from tasks.adapters import redis_keys
 from tasks.settings import METRICS_FLUSH_S, current_settings
 
@@ -62,15 +57,6 @@ HISTORY_S = 8 * 86400
 EXIT_WAIT_S = 5.0
 #: Committed batches and distinct planned items remembered per engine (oldest dropped first).
 MAX_ITEMS = 50_000
-REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
-#: Trigger kinds, and the reason a plan they caused carries.
-TRIGGER_REASONS = {
-    REPLICA_READY: "replica",
-    REPLICA_RESTARTED: "replica",
-    HIT_RATE_DROP: "trigger",
-    REQUEST_SPIKE: "trigger",
-    KEY_DRIFT: "trigger",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,19 +211,6 @@ def _history(
         pipe.zremrangebyscore(_history_key(engine), "-inf", ts - HISTORY_S)
 
 
-def plan_reason(plan: WarmPlan) -> str:
-    """The reason of a plan: a ``reason: X`` note, a trigger kind in its notes, else ``cli``."""
-    explicit = getattr(plan, "reason", None)
-    if explicit in REASONS:
-        return str(explicit)
-    for note in plan.notes:
-        if note.startswith("reason: ") and note[len("reason: ") :] in REASONS:
-            return note[len("reason: ") :]
-        if note in TRIGGER_REASONS:
-            return TRIGGER_REASONS[note]
-    return "cli"
-
-
 # -- call sites ----------------------------------------------------------------------------
 def record_plan(
     store: redis.Redis,
@@ -248,7 +221,7 @@ def record_plan(
 ) -> None:
     """A plan was submitted for ``engine``: count it, its items and tokens; remember its keys."""
     now = time.time() if now is None else now
-    reason = reason or plan_reason(plan)
+    reason = reason or plan.reason.value
     labels = (engine, reason)
     with store.pipeline(transaction=False) as pipe:
         pipe.set(_plan_key(plan.plan_id), f"{engine}\t{reason}", ex=HISTORY_S)

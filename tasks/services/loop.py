@@ -10,7 +10,7 @@
 * ``demo`` / ``cli`` — a person asked.
 
 Each first reads what is new in the engine's sources (so a restart seconds after traffic still
-sees that traffic), then plans with the one planner (:func:`tasks.planner_entry.plan_for`) on
+sees that traffic), then plans with the one planner (:func:`tasks.services.planning.plan_for`) on
 the engine's observations and forecaster, and submits the plan as WAL transactions. An engine
 that does not answer gets no plan, and its status says so. Outcomes (planned, warmed,
 verified, failed, tokens, seconds) are kept in the store for ``prewarm status``.
@@ -26,44 +26,30 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
-import redis
 
+from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.plan import WarmPlan
-from pipeline.planning import configured_adapter_items
+from pipeline.planner.candidates import configured_adapter_items
+from pipeline.planner.plan import WarmPlan
 from pipeline.records import records_frame
 from pipeline.triggers import TriggerEvent, drift_events
-from pipeline.warm_outcome import request_items
-from tasks import telemetry
-from tasks.adapters import redis_keys
+from pipeline.window_outcome import request_items
+from tasks.adapters import telemetry
 from tasks.adapters.connections import check_engine_url
-from tasks.adapters.plan_store import PlanStore
-from tasks.engine_watch import TRIGGER_COOLDOWN_S, cooldown_allows
-from tasks.observations import Observations, ObservationsVersion, models_root
-from tasks.planner_entry import plan_for
+from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S, cooldown_allows
+from tasks.adapters.loop_state import LoopState
+from tasks.adapters.observations import Observations, ObservationsVersion, models_root
+from tasks.adapters.sources import NewData, read_new
+from tasks.adapters.store import Store
+from tasks.services import planning
+from tasks.services.planning import plan_request
+from tasks.services.rewarm import update_template_hotness
 from tasks.settings import EngineSettings, Settings
-from tasks.sources import NewData, read_new
-from tasks.warm_plan import plan_request
 
 log = logging.getLogger(__name__)
 
-#: A plan submitter: (plan, engine name) → plan id. Production: ``tasks.warm.submit_plan``.
+#: A plan submitter: (plan, engine name) → plan id. Production: ``tasks.warm_tasks.submit_plan``.
 Submit = Callable[[WarmPlan, str], str]
-#: Longest a tick waits for another process updating the same engine's observations.
-LOCK_WAIT_S = 60.0
-LOCK_TIMEOUT_S = 600
-# The engine's last claimed window: a tick claims its window only if no later or equal one was
-# claimed, so each window ticks once, whoever runs it, with one key per engine.
-_CLAIM_WINDOW = """
-local last = tonumber(redis.call('get', KEYS[1]) or '-1')
-if tonumber(ARGV[1]) <= last then return 0 end
-redis.call('set', KEYS[1], ARGV[1])
-return 1
-"""
-_RELEASE_WINDOW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 @dataclass
@@ -106,28 +92,21 @@ class WarmLoop:
     def __init__(
         self,
         settings: Settings,
-        store: redis.Redis,
-        submit: Submit | None = None,
+        store: Store,
+        submit: Submit,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
-        self.submit = submit or self._submit_to_workers
+        self.state = LoopState(store)
+        self.submit = submit
         self.clock = clock
-
-    def _submit_to_workers(self, plan: WarmPlan, engine: str) -> str:
-        from tasks.warm import submit_plan
-
-        return submit_plan(plan, engine, settings=self.settings)
 
     # --- the steps ----------------------------------------------------------------------------
 
     def observe(self, engine: EngineSettings) -> tuple[ObservationsVersion, NewData]:
         """Read what is new in the engine's sources and add it to its observations."""
-        lock = self.store.lock(
-            redis_keys.LOOP_LOCK.format(engine=engine.name),
-            timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S,
-        )  # fmt: skip
+        lock = self.state.observations_lock(engine.name)
         if not lock.acquire():
             raise BadInputError("another process holds its observations", where=engine.name)
         try:
@@ -146,9 +125,10 @@ class WarmLoop:
         root = models_root(self.settings.data_dir, engine.name)
         if not root.exists() and version.windows < self.settings.loop.min_windows_for_model:
             return None
+        # Imported here, not at the top: they load LightGBM (seconds on a small machine), which
+        # a loop planning on frequency never needs.
         from models.forecaster import SAVED_NAME
-        from models.persistence import current_version
-        from tasks.model_tasks import train_and_save
+        from tasks.services.training import train_and_save
 
         if not (root / SAVED_NAME).exists():
             if version.windows < self.settings.loop.min_windows_for_model:
@@ -179,7 +159,7 @@ class WarmLoop:
             observations.counts_path if learnable and observations.counts_path.exists() else None
         )
         request = plan_request(self.settings, engine.name, shapes=shapes)
-        plan = plan_for(
+        plan = planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine, models_root=root,
             forecast="auto" if counts is not None else "frequency",
         )  # fmt: skip
@@ -199,8 +179,6 @@ class WarmLoop:
 
     def update_hotness(self, engine: EngineSettings) -> None:
         """Template hotness from the engine's kept records (for "hottest last" re-warms)."""
-        from tasks.rewarm import update_template_hotness
-
         records = Observations(self.settings.data_dir, engine.name).records()
         if records is not None:
             update_template_hotness(self.settings, self.store, engine, records["prompt"])
@@ -249,14 +227,13 @@ class WarmLoop:
         window_s = self.settings.schedule.window_s
         start = window_start(self.clock() if now is None else now, window_s)
         name = window_name(start)
-        claim = redis_keys.LOOP_TICK_CLAIM.format(engine=engine_name)
-        if not self.store.eval(_CLAIM_WINDOW, 1, claim, repr(start)):
+        if not self.state.claim_window(engine_name, start):
             return None
-        self.store.set(redis_keys.LOOP_NEXT_TICK.format(engine=engine_name), start + window_s)
+        self.state.set_next_tick(engine_name, start + window_s)
         try:
             outcome = self.warm_now(engine_name, "window", window=name)
         except PrewarmError:
-            self.store.eval(_RELEASE_WINDOW, 1, claim, repr(start))  # a retry may run it again
+            self.state.release_window(engine_name, start)  # a retry may run it again
             telemetry.record_tick(self.store, engine_name, False, window_s, now=self.clock())
             raise
         telemetry.record_tick(self.store, engine_name, True, window_s, now=self.clock())
@@ -283,24 +260,10 @@ class WarmLoop:
 
     def record(self, outcome: Outcome) -> None:
         body = json.dumps(outcome.to_dict(), default=str)
-        with self.store.pipeline(transaction=True) as pipe:
-            if outcome.reason == "window":
-                pipe.set(redis_keys.LOOP_LAST_TICK.format(engine=outcome.engine), body)
-            pipe.hset(
-                redis_keys.LOOP_LAST_PLANS.format(engine=outcome.engine), outcome.reason, body
-            )
-            pipe.execute()
+        self.state.record_outcome(outcome.engine, outcome.reason, body, outcome.reason == "window")
 
     def _keep_recent_plans(self, engine: str, plan_id: str) -> None:
-        key = redis_keys.LOOP_PLAN_IDS.format(engine=engine)
-        self.store.lpush(key, plan_id)
-        keep = self.settings.loop.keep_plans
-        old = [_text(p) for p in self.store.lrange(key, keep, -1)]
-        if old:
-            self.store.ltrim(key, 0, keep - 1)
-            plans = PlanStore(self.store)
-            for stale in old:
-                plans.delete(stale)
+        self.state.keep_recent_plans(engine, plan_id, self.settings.loop.keep_plans)
 
 
 def with_configured_adapters(plan: WarmPlan, engine: EngineSettings) -> WarmPlan:
@@ -311,7 +274,3 @@ def with_configured_adapters(plan: WarmPlan, engine: EngineSettings) -> WarmPlan
     names = (a.split("=", 1)[0] for a in engine.adapters)
     extra = configured_adapter_items((n for n in names if n not in planned), engine.model)
     return replace(plan, items=(*extra, *plan.items)) if extra else plan
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

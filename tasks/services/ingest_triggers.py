@@ -9,24 +9,21 @@ than ``recent_s`` before the end of the log are history, reported but not acted 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import redis
-from celery import shared_task
 
 from pipeline.errors import BadInputError, TransientError
 from pipeline.tables import read_parquet_file
 from pipeline.triggers import TriggerEvent, log_signals
-from tasks.engine_watch import cooldown_allows, queue_warm_engine
-from tasks.events import store_client, update_hotness
-from tasks.settings import Settings, current_settings
+from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S, cooldown_allows
+from tasks.adapters.store import Store
+from tasks.services.replica_watch import Enqueue
+from tasks.services.repo_events import update_hotness
+from tasks.settings import Settings
 
 FLEET = "fleet"
-TRIGGER_COOLDOWN_S = 300.0
-Enqueue = Callable[[str, str], str]
 
 
 def _frame(path: Path) -> pd.DataFrame:
@@ -48,7 +45,7 @@ def _targets(settings: Settings, event: TriggerEvent) -> list[str]:
 
 
 def act_on(
-    settings: Settings, store: redis.Redis, events: list[TriggerEvent], enqueue: Enqueue
+    settings: Settings, store: Store, events: list[TriggerEvent], enqueue: Enqueue
 ) -> list[dict[str, Any]]:
     """Queue a warm-up per engine an event names, past each (kind, engine) cooldown."""
     acted = []
@@ -60,7 +57,7 @@ def act_on(
     return acted
 
 
-def _hotness(settings: Settings, store: redis.Redis, records: Path) -> dict[str, Any]:
+def _hotness(settings: Settings, store: Store, records: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for repo in settings.template_repos:
         try:
@@ -72,10 +69,11 @@ def _hotness(settings: Settings, store: redis.Redis, records: Path) -> dict[str,
 
 def process_ingest(
     settings: Settings,
-    store: redis.Redis,
+    store: Store,
     ingest_dir: Path,
     recent_s: float | None = None,
-    enqueue: Enqueue = queue_warm_engine,
+    *,
+    enqueue: Enqueue,
 ) -> dict[str, Any]:
     """Hotness per template, then the log's recent trigger events acted upon."""
     counts = _frame(ingest_dir / "windows.parquet")
@@ -92,10 +90,3 @@ def process_ingest(
         "events": [e.to_dict() for e in events],
         "acted": act_on(settings, store, recent, enqueue),
     }
-
-
-@shared_task(name="prewarm.events.after_ingest", acks_late=True)
-def after_ingest(ingest_dir: str) -> dict[str, Any]:
-    """Template hotness and cold-cache signals from one ingest output directory."""
-    settings = current_settings()
-    return process_ingest(settings, store_client(settings), Path(ingest_dir))

@@ -20,8 +20,8 @@ def ping() -> dict[str, object]:
 def loop_health_problems() -> list[str]:
     """What makes the loop unhealthy now: periodic tasks whose last run failed, engines whose
     last tick failed (empty: healthy). An engine that is down is not a failure of prewarm."""
-    from tasks.events import store_client
-    from tasks.loop_status import loop_problems
+    from tasks.adapters.store import store_client
+    from tasks.services.status import loop_problems
 
     settings = current_settings()
     return loop_problems(settings, store_client(settings))

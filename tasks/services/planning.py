@@ -1,7 +1,8 @@
 """Building a plan for a configured engine from ingested records (``prewarm ingest --out DIR``).
 
-``plan_for_engine`` reads the engine's cache capacity, prefill cost, tenant weights, budget
-shares and tenant isolation from settings, forecasts next-window hits, and returns the plan.
+``plan_for`` (the one planning service) reads the engine's cache capacity, prefill cost, tenant
+weights, budget shares and tenant isolation from settings, forecasts next-window hits, and
+returns the plan.
 The forecast is the learned hotness model (``models.forecaster``): the version ``prewarm.model.
 retrain`` saved under ``<data_dir>/models/hotness`` when there is a usable one, else one fitted
 on the ingest's counts (``counts.parquet`` or ``windows.parquet``) when they have enough
@@ -19,21 +20,25 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.plan import DEFAULT_PREFILL_S_PER_TOKEN, EngineCost, PlanBudget, WarmItem, WarmPlan
-from pipeline.planning import PlanRequest, candidates, plan_from_candidates
+from pipeline.planner.candidates import PlanRequest, candidates, plan_from_candidates
+from pipeline.planner.plan import (
+    DEFAULT_PREFILL_S_PER_TOKEN,
+    EngineCost,
+    PlanBudget,
+    WarmItem,
+    WarmPlan,
+)
+from pipeline.planner.reasons import PlanReason, plan_reason
 from pipeline.tables import read_parquet_file
-from tasks.adapters.engine_client import EngineClient, RetryPolicy
+from tasks.adapters.engine_tokens import engine_cache, measure_tokens
 from tasks.settings import EngineSettings, Settings
 
 log = logging.getLogger(__name__)
 #: Fewer windows than this and a learned model has nothing to learn from.
 MIN_WINDOWS_FOR_MODEL = 8
-#: At most this many items are tokenized per plan; the rest are scaled by the measured ratio.
-MAX_TOKENIZED = 256
 
 
 def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
@@ -111,10 +116,10 @@ def plan_request(
     shapes: bool = False,
     responses: bool = False,
     embeddings: bool = False,
-    reason: str = "cli",
+    reason: str = PlanReason.CLI,
 ) -> PlanRequest:
     """The pure plan request for a configured engine, budgets overridable; ``reason`` is why
-    the plan is made (``pipeline.planning.REASONS``)."""
+    the plan is made (:class:`pipeline.planner.reasons.PlanReason`)."""
     engine = settings.engine(engine_name)
     b = settings.budget
     budget = PlanBudget(
@@ -131,7 +136,7 @@ def plan_request(
         weights={t.name: t.weight for t in settings.tenants},
         shares={t.name: t.budget_share for t in settings.tenants},
         isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
-        shapes=shapes, responses=responses, embeddings=embeddings, reason=reason,
+        shapes=shapes, responses=responses, embeddings=embeddings, reason=plan_reason(reason),
     )  # fmt: skip
 
 
@@ -141,55 +146,6 @@ def usable_cache_tokens(engine: EngineSettings) -> int | None:
     if engine.cache_tokens is None or engine.kind != "vllm" or not engine.cache_block_tokens:
         return engine.cache_tokens
     return max(0, engine.cache_tokens - engine.cache_block_tokens)
-
-
-def _tokenize_body(item: WarmItem, model: str) -> dict[str, object]:
-    if item.messages is not None:
-        return {"model": model, "messages": [dict(m) for m in item.messages]}
-    body: dict[str, object] = {"model": model, "prompt": item.text}
-    if "add_special_tokens" in item.params:
-        body["add_special_tokens"] = item.params["add_special_tokens"]
-    return body
-
-
-def measure_tokens(
-    items: list[WarmItem], engine: EngineSettings, limit: int = MAX_TOKENIZED
-) -> dict[str, int]:
-    """Real token counts of ``items`` by the engine's tokenizer (``POST /tokenize``).
-
-    Returns what was measured (item key → tokens); empty when the engine has no tokenizer
-    endpoint or does not answer — the caller keeps its estimates then.
-    """
-    prompts = [i for i in items if i.text is not None or i.messages is not None][:limit]
-    counts: dict[str, int] = {}
-    client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=2))
-    try:
-        for item in prompts:
-            body = client.post("/tokenize", _tokenize_body(item, engine.model)).json()
-            counts[item.key] = int(body["count"])
-    except (PrewarmError, ValueError, KeyError, TypeError) as exc:
-        log.info("engine %s: no token counts (%s); using estimates", engine.name, exc)
-        return counts
-    finally:
-        client.close()
-    return counts
-
-
-def engine_cache(engine: EngineSettings, transport: httpx.BaseTransport | None = None
-                 ) -> tuple[int, int] | None:  # fmt: skip
-    """(block size, number of blocks) of the engine's KV cache as vLLM publishes them
-    (``vllm:cache_config_info``), or None when it does not (not vLLM, not up, not yet sized)."""
-    client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=1),
-                          transport=transport)  # fmt: skip
-    try:
-        labels = client.cache_config() or {}
-    finally:
-        client.close()
-    try:
-        block, blocks = int(labels["block_size"]), int(labels["num_gpu_blocks"])
-    except (KeyError, ValueError):  # absent, or "None" before the engine sized its cache
-        return None
-    return (block, blocks) if block > 0 and blocks > 1 else None
 
 
 def with_engine_cache(
@@ -248,24 +204,30 @@ def _row_of(frame: pd.DataFrame, row: dict[str, object]) -> int:
     return 0
 
 
-def plan_for_engine(
+def plan_for(
     records: pd.DataFrame,
     request: PlanRequest,
+    *,
+    reason: str | None = None,
     windows: Path | None = None,
     forecast: str = "auto",
     engine: EngineSettings | None = None,
     models_root: Path | None = None,
-    *,
     extra: Sequence[WarmItem] = (),
 ) -> WarmPlan:
-    """A plan for ``request.engine``; ``forecast`` is ``auto``, ``model`` or ``frequency``.
+    """The one planning service every trigger calls: a plan for ``request.engine`` made for
+    ``reason`` (a :class:`~pipeline.planner.reasons.PlanReason`; default the request's own).
+    ``forecast`` is ``auto``, ``model`` or ``frequency``.
 
     With ``engine`` given, token counts are measured through its tokenizer before budgeting;
     with ``models_root`` (``<data_dir>/models``) a saved forecaster is preferred to fitting one.
-    ``extra`` are candidates the caller knows of (``pipeline.planning.template_head_items``,
+    ``extra`` are candidates the caller knows of
+    (``pipeline.planner.candidates.template_head_items``,
     ``configured_adapter_items``), scored with the rest; a ``template`` plan takes only those.
     A plan with shapes (``request.shapes`` or reason ``replica``) has one per workload profile.
     """
+    if reason is not None:
+        request = replace(request, reason=plan_reason(reason))
     learned = None
     if forecast != "frequency" and windows is not None:
         learned = learned_forecast(windows, models_root)

@@ -2,7 +2,7 @@
 
 Entry points::
 
-    follow(source, settings, *, stop=None, restore=True) -> FollowReport
+    follow(source, settings, store, *, submit, stop=None, restore=True) -> FollowReport
         The long-running service (``prewarm kv-events``): subscribe, apply batches to the
         replica's holdings, mirror the held set in Redis, write closed windows' counts and a
         snapshot to data_dir, and — when the replica lost its cache (the stream restarted, the
@@ -10,16 +10,15 @@ Entry points::
 
     restore_plan(settings, engine, holdings) -> WarmPlan
         Candidates from what the replica held (:func:`pipeline.kv_holdings.restore_candidates`)
-        through the one planner (:func:`pipeline.planning.plan_from_candidates` with the
-        engine's :func:`tasks.warm_plan.plan_request`).
+        as the ``extra`` of the one planning service (:func:`tasks.services.planning.plan_for`,
+        reason ``replica``, so ``/metrics`` counts it as ``reason="replica"``).
 
-    restore_replica(settings, engine, holdings=None) -> str | None
-        ``restore_plan`` submitted with :func:`tasks.warm.submit_plan` (ordered: the cache is an
-        LRU); holdings default to the engine's snapshot in data_dir. Returns the plan id.
+    restore_replica(settings, engine, submit, holdings=None) -> str | None
+        ``restore_plan`` handed to ``submit`` (production: :func:`tasks.warm_tasks.submitter`,
+        ordered: the cache is an LRU); holdings default to the engine's snapshot in data_dir.
+        Returns the plan id.
 
-    confirmed_by_events(items, results, ctx, wait_s) -> (items, results) still to probe
-        Verification by the engine's word: a prefix primed with token ids is verified when the
-        replica's events show its whole chain held; the rest are left to the probe.
+Verification by the replica's events is :mod:`tasks.services.event_verification`.
 """
 
 from __future__ import annotations
@@ -27,22 +26,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-import redis
-
-from pipeline.kv_holdings import ReplicaHoldings, chain_content_keys, restore_candidates
-from pipeline.plan import WarmItem, WarmPlan
-from pipeline.planning import plan_from_candidates
+from pipeline.kv_holdings import ReplicaHoldings, restore_candidates
+from pipeline.planner.plan import WarmPlan
+from pipeline.planner.reasons import PlanReason
+from pipeline.records import records_frame
+from tasks.adapters.engine_probe import observe
+from tasks.adapters.kv_state import KvStateStore, append_counts, load_holdings, save_holdings
 from tasks.adapters.kv_subscriber import KvSubscriber
-from tasks.kv_state import KvStateStore, append_counts, load_holdings, save_holdings
+from tasks.adapters.store import Store
+from tasks.services import planning
+from tasks.services.loop import Submit
+from tasks.services.planning import plan_request
 from tasks.settings import Settings
-from tasks.targets.base import BatchContext, ItemResult
 
 log = logging.getLogger(__name__)
-#: How long verification waits for the engine's events after priming.
-VERIFY_WAIT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +65,25 @@ class FollowReport:
 
 
 def restore_plan(settings: Settings, engine: str, holdings: ReplicaHoldings) -> WarmPlan:
-    """The plan that re-primes what ``engine`` held, hottest chains within its capacity."""
-    from tasks.warm_plan import plan_request
-
+    """The plan that re-primes what ``engine`` held, hottest chains within its capacity: the
+    one planning service, reason ``replica``, with the held chains as its ``extra``."""
     request = plan_request(settings, engine)
     model = settings.engine(engine).model
     items = restore_candidates(holdings, model, min_uses=request.min_count)
-    plan = plan_from_candidates(items, request)
-    notes = ("reason: replica (restore from KV-cache events)", f"held before: {len(items)} chains")
+    plan = planning.plan_for(
+        records_frame([]), request, reason=PlanReason.REPLICA, forecast="frequency", extra=items
+    )
+    notes = ("restore from KV-cache events", f"held before: {len(items)} chains")
     return replace(plan, notes=(*plan.notes, *notes))
 
 
 def restore_replica(
     settings: Settings,
     engine: str,
+    submit: Submit,
     holdings: ReplicaHoldings | None = None,
-    queue: str | None = None,
 ) -> str | None:
-    """Submit :func:`restore_plan` (to ``queue``, default ``warm``); None when there is
-    nothing to restore."""
-    from tasks.warm import submit_plan
-
+    """Submit :func:`restore_plan` through ``submit``; None when there is nothing to restore."""
     if holdings is None:
         loaded = load_holdings(settings.data_dir, engine)
         if loaded is None:
@@ -95,7 +92,7 @@ def restore_replica(
     plan = restore_plan(settings, engine, holdings)
     if not plan.items:
         return None
-    return submit_plan(plan, engine, settings=settings, queue=queue)
+    return submit(plan, engine)
 
 
 def _configured(settings: Settings, engine: str) -> bool:
@@ -105,8 +102,6 @@ def _configured(settings: Settings, engine: str) -> bool:
 def _engine_state(settings: Settings, engine: str) -> tuple[bool, float | None]:
     """Whether the engine answers, and its process start time from ``/metrics`` (None when it
     does not say or is not configured: then only the stream tells a restart)."""
-    from tasks.engine_watch import observe
-
     if not _configured(settings, engine):
         return False, None
     observation, _ = observe(settings.engine(engine), timeout_s=2.0)
@@ -121,7 +116,7 @@ class _Follower:
     holdings: ReplicaHoldings
     subscriber: KvSubscriber
     restore: bool
-    queue: str | None = None
+    submit: Submit
     report: FollowReport = field(default_factory=FollowReport)
     started_at: float | None = None
     restore_pending: bool = False
@@ -159,7 +154,7 @@ class _Follower:
 
     def submit_restore(self) -> None:
         self.restore_pending = False
-        plan_id = restore_replica(self.settings, self.source.engine, self.holdings, self.queue)
+        plan_id = restore_replica(self.settings, self.source.engine, self.submit, self.holdings)
         if plan_id:
             self.report.restores.append(plan_id)
             self.state.heartbeat({"last_restore": plan_id, "restores": len(self.report.restores)})
@@ -196,11 +191,11 @@ class _Follower:
 def follow(
     source: KvSource,
     settings: Settings,
-    store: redis.Redis,
+    store: Store,
     *,
+    submit: Submit,
     stop: threading.Event | None = None,
     restore: bool = True,
-    queue: str | None = None,
     probe_s: float = 5.0,
     persist_s: float = 1.0,
 ) -> FollowReport:
@@ -213,7 +208,7 @@ def follow(
     )
     state = KvStateStore(store, source.engine)
     state.replace(holdings.held_contents())
-    follower = _Follower(source, settings, state, holdings, subscriber, restore, queue)
+    follower = _Follower(source, settings, state, holdings, subscriber, restore, submit)
     follower.probe()
     next_probe = next_persist = time.monotonic()
     try:
@@ -232,36 +227,3 @@ def follow(
         subscriber.close()
     follower.report.counters = subscriber.counters.as_dict()
     return follower.report
-
-
-def _expected(item: WarmItem, block_size: int) -> list[str]:
-    salt = item.params.get("cache_salt")
-    ids = item.token_ids or ()
-    return chain_content_keys(ids, block_size, item.adapter, str(salt) if salt else None)
-
-
-def confirmed_by_events(
-    items: Sequence[WarmItem],
-    results: Sequence[ItemResult],
-    ctx: BatchContext,
-    wait_s: float = VERIFY_WAIT_S,
-) -> tuple[list[WarmItem], list[ItemResult]]:
-    """The items (and their results) still to verify by a probe after the engine's events
-    confirmed what they could: a primed token-id prefix whose every block the replica now
-    holds (a ``BlockStored`` for it, or held already) is verified without a probe request."""
-    state = KvStateStore(ctx.store, ctx.engine.engine.name)
-    waiting = [i for i, (item, result) in enumerate(zip(items, results, strict=True))
-               if result.ok and item.kind == "prefix" and item.token_ids]  # fmt: skip
-    size = state.block_size() if waiting and state.alive() else None
-    if size is None:
-        return list(items), list(results)
-    expected = {i: _expected(items[i], size) for i in waiting}
-    deadline = time.monotonic() + wait_s
-    while waiting:
-        waiting = [i for i in waiting if not state.held_all(expected[i])]
-        if not waiting or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    confirmed = {i for i in expected if i not in waiting}
-    rest = [i for i in range(len(items)) if i not in confirmed]
-    return [items[i] for i in rest], [results[i] for i in rest]

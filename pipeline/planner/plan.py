@@ -1,7 +1,7 @@
 """Warm-up plans (pure data): items, budgets, engine costs, the plan and its JSON.
 
 How candidates are scored, selected under the budgets and ordered for priming is
-:mod:`pipeline.planner_select`; where candidates come from is :mod:`pipeline.planning`.
+:mod:`pipeline.planner.select`; where candidates come from is :mod:`pipeline.planner.candidates`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.errors import BadInputError
+from pipeline.planner.reasons import PlanReason, plan_reason
 
 ITEM_KINDS = ("prefix", "response", "embedding", "adapter", "shape")
 #: Request fields an item may carry; model, prompt and URL are never taken from a plan.
@@ -165,6 +166,7 @@ class WarmPlan:
     budget: PlanBudget = PlanBudget()
     dropped: int = 0
     notes: tuple[str, ...] = ()
+    reason: PlanReason = PlanReason.CLI
 
     def batches(self, size: int | None = None) -> list[tuple[WarmItem, ...]]:
         """The items cut into batches of ``size`` (default: the budget's), order kept."""
@@ -184,6 +186,7 @@ class WarmPlan:
             "budget": asdict(self.budget),
             "dropped": self.dropped,
             "notes": list(self.notes),
+            "reason": self.reason.value,
             "items": [item.to_dict() for item in self.items],
         }
         return json.dumps(data, ensure_ascii=False, indent=1)
@@ -204,6 +207,7 @@ class WarmPlan:
                 budget=PlanBudget(**data.get("budget", {})),
                 dropped=int(data.get("dropped", 0)),
                 notes=tuple(data.get("notes", ())),
+                reason=plan_reason(str(data.get("reason", PlanReason.CLI)), where=where),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInputError(f"not a warm plan ({exc})", where=where) from exc

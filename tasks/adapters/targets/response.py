@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.keys import CacheKey, encode_value
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
+from tasks.adapters.targets.base import BatchContext, ItemResult
 from tasks.adapters.wal_store import RedisWrite
-from tasks.targets.base import BatchContext, ItemResult
 
 
 def _checked_key(item: WarmItem, result: ItemResult) -> str | None:

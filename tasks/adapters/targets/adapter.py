@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.errors import PrewarmError
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.engine_client import EngineClient
-from tasks.targets.base import BatchContext, ItemResult
+from tasks.adapters.targets.base import BatchContext, ItemResult
 
 UNLOAD = "unload_adapter"
 

@@ -22,7 +22,7 @@ The entry points other parts call::
     recover(*, settings: Settings | None = None) -> list[str]   # the WAL sweep, in-process
     recover_and_resume(*, settings=None, now=None) -> {"rolled_back": [...], "resumed": [...]}
         The whole recovery sweep: roll back expired transactions, then re-queue every plan
-        that stalled because a worker died under it (``tasks.plan_resume``).
+        that stalled because a worker died under it (``tasks.services.recovery``).
 
 Tasks (queue ``warm``): ``prewarm.warm.batch(plan_id, batch)``, ``prewarm.warm.finish``
 (chord callback), ``prewarm.warm.recover`` (the sweep; put it on beat every
@@ -44,31 +44,28 @@ import time
 from functools import lru_cache
 from typing import Any
 
-import redis
 from celery import chain, chord, shared_task
 
 from pipeline.errors import TransientError
-from pipeline.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.store import STORE_DOWN, broker_client, store_client
+from tasks.adapters.targets.base import WarmOptions
+from tasks.adapters.telemetry import record_plan
 from tasks.adapters.wal_store import LeaseLost, WalStore
-from tasks.plan_resume import PlanResumer
+from tasks.base import PrewarmTask
+from tasks.celery_app import app
+from tasks.services.batch_runner import BatchRunner
+from tasks.services.loop import Submit
+from tasks.services.recovery import PlanResumer
 from tasks.settings import Settings, current_settings
-from tasks.targets.base import WarmOptions
-from tasks.telemetry import record_plan
-from tasks.warm_batch import BatchRunner
 
 log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=4)
-def _store(url: str) -> redis.Redis:
-    """One store client per process and URL (built on first use, never at import)."""
-    return redis.Redis.from_url(url)
-
-
 @lru_cache(maxsize=1)
 def _runner_for(settings: Settings) -> BatchRunner:
-    return BatchRunner(_store(settings.store_redis_url), settings)
+    return BatchRunner(store_client(settings), settings)
 
 
 def _runner() -> BatchRunner:
@@ -78,7 +75,7 @@ def _runner() -> BatchRunner:
 
 def _plans(settings: Settings | None) -> PlanStore:
     settings = settings or current_settings()
-    return PlanStore(_store(settings.store_redis_url))
+    return PlanStore(store_client(settings))
 
 
 def submit_plan(
@@ -99,16 +96,24 @@ def submit_plan(
     ordered = plan.budget.max_tokens is not None
     options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
     batches = _plans(settings).save(plan, engine, options, queue)
-    record_plan(_store(settings.store_redis_url), plan, engine)
+    record_plan(store_client(settings), plan, engine)
     dispatch(plan.plan_id, list(range(batches)), options.ordered, queue)
     return plan.plan_id
+
+
+def submitter(settings: Settings, queue: str | None = None) -> Submit:
+    """The loop's and the restore's submitter: :func:`submit_plan` with ``settings`` (and
+    ``queue``)."""
+
+    def submit(plan: WarmPlan, engine: str) -> str:
+        return submit_plan(plan, engine, settings=settings, queue=queue)
+
+    return submit
 
 
 def dispatch(plan_id: str, batches: list[int], ordered: bool, queue: str | None) -> None:
     """Send ``batches`` of a stored plan, then its finish task: ordered, as a chain (batch
     after batch); else as a chord. Used at submission and when the sweep resumes a plan."""
-    from tasks.celery_app import app
-
     route = {"queue": queue} if queue else {}
     sigs = [app.signature("prewarm.warm.batch", (plan_id, n), immutable=True, **route)
             for n in batches]  # fmt: skip
@@ -152,13 +157,13 @@ def wait_plan(
 def recover(*, settings: Settings | None = None) -> list[str]:
     """Run the WAL recovery sweep in this process; returns the rolled-back transaction ids."""
     settings = settings or current_settings()
-    return BatchRunner(_store(settings.store_redis_url), settings).sweep()
+    return BatchRunner(store_client(settings), settings).sweep()
 
 
 def resumer(settings: Settings) -> PlanResumer:
     """The sweep's second half: plans stalled for one WAL lease are re-queued."""
-    store = _store(settings.store_redis_url)
-    broker = _store(settings.redis_url)
+    store = store_client(settings)
+    broker = broker_client(settings)
     return PlanResumer(
         PlanStore(store),
         WalStore(store, settings.wal_lease_s),
@@ -186,20 +191,24 @@ def recover_and_resume(
 def wal_status(*, settings: Settings | None = None) -> dict[str, Any]:
     """Open transactions and their leases."""
     settings = settings or current_settings()
-    return WalStore(_store(settings.store_redis_url), settings.wal_lease_s).summary()
+    return WalStore(store_client(settings), settings.wal_lease_s).summary()
 
 
-@shared_task(name="prewarm.warm.batch", bind=True, acks_late=True, max_retries=20)
+#: A batch that failed on one of these runs again after three leases.
+_RETRIED: tuple[type[Exception], ...] = (TransientError, LeaseLost, *STORE_DOWN)
+
+
+@shared_task(name="prewarm.warm.batch", bind=True, base=PrewarmTask, max_retries=20)
 def run_batch(self: Any, plan_id: str, batch: int) -> dict[str, Any]:
     """Run one batch of a stored plan as one WAL transaction; idempotent by (plan, batch)."""
     try:
         return _runner().run(plan_id, batch)
-    except (TransientError, LeaseLost, redis.ConnectionError, redis.TimeoutError) as exc:
+    except _RETRIED as exc:
         # Long enough for a dead attempt's lease to run out and the sweep to roll it back.
         raise self.retry(exc=exc, countdown=3 * current_settings().wal_lease_s) from exc
 
 
-@shared_task(name="prewarm.warm.finish", acks_late=True)
+@shared_task(name="prewarm.warm.finish", base=PrewarmTask)
 def finish_plan(plan_id: str) -> dict[str, Any]:
     """Chord callback: mark the plan finished and return its report."""
     plans = _runner().plans
@@ -207,7 +216,7 @@ def finish_plan(plan_id: str) -> dict[str, Any]:
     return plans.report(plan_id)
 
 
-@shared_task(name="prewarm.warm.recover", acks_late=True)
+@shared_task(name="prewarm.warm.recover", base=PrewarmTask, periodic=True)
 def recover_task() -> dict[str, Any]:
     """The recovery sweep: roll back transactions whose lease expired, resume stalled plans."""
     return recover_and_resume()

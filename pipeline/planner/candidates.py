@@ -1,6 +1,6 @@
 """From request records to a warm-up plan (pure): candidates, forecast, budgets, order.
 
-Candidates are the shared prefixes of the records (:mod:`pipeline.prefixes`), the adapters
+Candidates are the shared prefixes of the records (:mod:`pipeline.shared_prefixes`), the adapters
 they used, optionally one representative request per workload shape (for a replica that just
 started), and the answers and embeddings of prompts asked repeatedly with greedy sampling.
 Predicted hits come from a forecast by item key when one is given (a learned model's
@@ -21,20 +21,18 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from pipeline.errors import BadInputError
 from pipeline.keys import adapter_key, response_key, shape_key, template_head_key
-from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
-from pipeline.planner_select import build_plan, with_cache_salt
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens
-from pipeline.prefixes import detect_prefixes, prefix_items, present
+from pipeline.planner.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
+from pipeline.planner.reasons import PlanReason, plan_reason
+from pipeline.planner.select import build_plan, with_cache_salt
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, count_tokens
+from pipeline.shared_prefixes import detect_prefixes, prefix_items, present
 
 #: Prompt and output length buckets (tokens) that name a workload shape.
 PROMPT_BUCKETS = (128, 512, 2048, 8192)
 OUTPUT_BUCKETS = (16, 128, 512)
 
 
-#: Why a plan is made; the reason chooses candidates, scoring/budgets/order are the same.
-REASONS = ("window", "replica", "template", "trigger", "cli", "demo")
 #: A prefix last used more than this many windows before the newest record is not planned.
 DEFAULT_RECENT_WINDOWS = 12
 
@@ -43,8 +41,9 @@ DEFAULT_RECENT_WINDOWS = 12
 class PlanRequest:
     """Everything a plan is built from besides the records.
 
-    ``reason`` says why the plan is made (:data:`REASONS`): ``replica`` adds one request per
-    workload shape (a fresh replica runs each once); ``template`` plans only the candidates the
+    ``reason`` says why the plan is made (:class:`~pipeline.planner.reasons.PlanReason`):
+    ``replica`` adds one request per workload shape (a fresh replica runs each once);
+    ``template`` plans only the candidates the
     caller passes (the changed templates' new heads, :func:`template_head_items`); the others
     plan what the records suggest. ``recent_windows`` bounds how old a prefix may be.
     """
@@ -63,14 +62,11 @@ class PlanRequest:
     shapes: bool = False
     responses: bool = False
     embeddings: bool = False
-    reason: str = "cli"
+    reason: PlanReason = PlanReason.CLI
     recent_windows: int = DEFAULT_RECENT_WINDOWS
 
     def __post_init__(self) -> None:
-        if self.reason not in REASONS:
-            raise BadInputError(
-                f"unknown reason {self.reason!r} (one of {', '.join(REASONS)})", where="reason"
-            )
+        object.__setattr__(self, "reason", plan_reason(self.reason))
 
 
 def _count(value: object) -> int | None:
@@ -114,8 +110,8 @@ def shape_items(records: pd.DataFrame, model: str | None) -> list[WarmItem]:
     """One representative request per workload shape seen, hits = the shape's requests.
 
     Where the records carry a ``profile`` column (a fitted workload profiler's labels, see
-    ``tasks.warm_plan.with_profiles``), a shape is a profile and its representative the request
-    closest to the profile's centre (lowest ``profile_distance``); otherwise a shape is a
+    ``tasks.services.planning.with_profiles``), a shape is a profile and its representative the
+    request closest to the profile's centre (lowest ``profile_distance``); otherwise a shape is a
     (prompt length, output length) bucket and its representative the first request seen.
     """
     rows = [r for r in records.to_dict("records") if present(r.get("prompt")) is not None]
@@ -333,5 +329,5 @@ def plan_from_candidates(
         request.engine, items, request.budget, request.cost, request.weights, request.shares,
         plan_id,
     )  # fmt: skip
-    plan = replace(plan, notes=(f"reason: {request.reason}", *plan.notes))
+    plan = replace(plan, notes=(f"reason: {request.reason}", *plan.notes), reason=request.reason)
     return with_cache_salt(plan, request.isolate_tenants)

@@ -27,10 +27,10 @@ from itertools import groupby
 
 from pipeline.errors import PrewarmError
 from pipeline.keys import canonical_json
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.engine_client import Completion
-from tasks.targets.base import BatchContext, ItemResult
+from tasks.adapters.targets.base import BatchContext, ItemResult
 
 
 def _irreversible(items: Sequence[WarmItem], ctx: BatchContext, op: str) -> None:

@@ -27,7 +27,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pipeline.plan import EngineCost, PlanBudget, WarmItem, WarmPlan, new_plan_id, warm_cost_s
+from pipeline.planner.plan import (
+    EngineCost,
+    PlanBudget,
+    WarmItem,
+    WarmPlan,
+    new_plan_id,
+    warm_cost_s,
+)
 
 #: Costs assumed when a caller gives none (the defaults of :class:`EngineCost`).
 DEFAULT_COST = EngineCost()

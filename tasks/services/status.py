@@ -10,16 +10,15 @@ import json
 import time
 from typing import Any
 
-import redis
-
 from pipeline.errors import BadInputError
 from tasks.adapters import redis_keys
 from tasks.adapters.connections import redacted
+from tasks.adapters.observations import Observations, models_root
 from tasks.adapters.plan_store import PlanStore
-from tasks.base import failing_tasks
-from tasks.observations import Observations, models_root
+from tasks.adapters.sources import SourceStates, source_id
+from tasks.adapters.store import Store
+from tasks.adapters.task_health import failing_tasks
 from tasks.settings import EngineSettings, Settings
-from tasks.sources import SourceStates, source_id
 
 
 def _json(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -39,7 +38,7 @@ def model_version(settings: Settings, engine: str) -> str | None:
     return None if saved is None else f"{saved['version']} (winner {saved['winner']})"
 
 
-def plan_progress(store: redis.Redis, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
+def plan_progress(store: Store, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
     """An outcome with its plan's live results: warmed (items tried), verified, failed."""
     if outcome is None or not outcome.get("plan_id"):
         return outcome
@@ -55,7 +54,7 @@ def plan_progress(store: redis.Redis, outcome: dict[str, Any] | None) -> dict[st
             "warm_seconds": report.get("seconds")}  # fmt: skip
 
 
-def sources_status(settings: Settings, store: redis.Redis, engine: str) -> list[dict[str, Any]]:
+def sources_status(settings: Settings, store: Store, engine: str) -> list[dict[str, Any]]:
     """Each configured source of ``engine`` and how far it was read (never read: no status)."""
     seen = SourceStates(store).statuses(engine)
     out = []
@@ -66,7 +65,7 @@ def sources_status(settings: Settings, store: redis.Redis, engine: str) -> list[
 
 
 def engine_status(
-    settings: Settings, store: redis.Redis, engine: EngineSettings, now: float | None = None
+    settings: Settings, store: Store, engine: EngineSettings, now: float | None = None
 ) -> dict[str, Any]:
     """Everything ``prewarm status`` shows for one engine."""
     now = time.time() if now is None else now
@@ -90,7 +89,7 @@ def engine_status(
     }
 
 
-def loop_status(settings: Settings, store: redis.Redis) -> dict[str, Any]:
+def loop_status(settings: Settings, store: Store) -> dict[str, Any]:
     """Status of every engine, the periodic tasks that are failing, and overall health."""
     engines = [engine_status(settings, store, e) for e in settings.engines]
     failing = failing_tasks(store)
@@ -101,7 +100,7 @@ def loop_status(settings: Settings, store: redis.Redis) -> dict[str, Any]:
             "engines": engines}  # fmt: skip
 
 
-def loop_problems(settings: Settings, store: redis.Redis) -> list[str]:
+def loop_problems(settings: Settings, store: Store) -> list[str]:
     """One line per thing that makes the loop unhealthy (empty: healthy)."""
     status = loop_status(settings, store)
     lines = [f"periodic task {t} failed: {e}" for t, e in status["failing_tasks"].items()]

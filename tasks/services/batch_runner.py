@@ -19,21 +19,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from pipeline.errors import PrewarmError, TransientError
-from pipeline.plan import WarmItem
+from pipeline.planner.plan import WarmItem
 from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.adapters.engine_semaphore import EngineSemaphore
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.store import Store, StoreError
+from tasks.adapters.targets import adapter as adapter_target
+from tasks.adapters.targets import apply_items, verify_items
+from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
+from tasks.adapters.telemetry import defer_batch, plan_labels, record_wal
 from tasks.adapters.wal_store import LeaseLost, WalStore
-from tasks.kv_source import confirmed_by_events
+from tasks.services.event_verification import confirmed_by_events
 from tasks.settings import EngineSettings, Settings
-from tasks.targets import adapter as adapter_target
-from tasks.targets import apply_items, verify_items
-from tasks.targets.base import BatchContext, ItemResult, WarmOptions
-from tasks.telemetry import defer_batch, plan_labels, record_wal
 
 
 class BatchBusy(TransientError):
@@ -58,7 +57,7 @@ class _Keeper(threading.Thread):
         while not self.stopped.wait(self.period_s):
             for renew in list(self.renewals):
                 # A failed renewal is retried next period; an expired lease is the sweep's job.
-                with contextlib.suppress(redis.RedisError):
+                with contextlib.suppress(StoreError):
                     renew()
 
 
@@ -125,7 +124,7 @@ def _summary(
 class BatchRunner:
     """Runs batches against prewarm's store with the configured engines."""
 
-    def __init__(self, store: redis.Redis, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.settings = settings
         self.plans = PlanStore(store)

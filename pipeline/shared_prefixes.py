@@ -1,6 +1,6 @@
 """Prefixes as a tree (pure): shared heads of the records' prompts, nested ones as one chain.
 
-Each prompt is cut into pseudo-token blocks with chain hashes (:mod:`pipeline.prefix`); all
+Each prompt is cut into pseudo-token blocks with chain hashes (:mod:`pipeline.prefix_blocks`); all
 chains of one (model, tenant, endpoint) form a trie. A node is a *shared prefix* when at least
 ``min_count`` requests pass through it and they diverge (or end) there — a system prompt, a
 template's static head, a repeated question under that head. Shared prefixes on one chain are
@@ -36,8 +36,8 @@ from typing import Any
 import pandas as pd
 
 from pipeline.keys import canonical_json, stable_hash
-from pipeline.plan import WarmItem
-from pipeline.prefix import DEFAULT_BLOCK_SIZE, count_tokens, prefix_chain
+from pipeline.planner.plan import WarmItem
+from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, count_tokens, prefix_chain
 
 GroupKey = tuple[str, str, str]  # model, tenant, endpoint
 

@@ -6,7 +6,8 @@ Per repository, a Redis hash maps each template id to the version that is *servi
 2. primes the new versions' static prefixes into the configured engines — planned by the one
    planner (reason ``template``) for completions users (the head as a prompt) and chat users
    (the head as the system message, rendered by the engine's own chat template) alike, hottest
-   last — each engine's items as one transaction in the warm-up WAL (``tasks.warm_batch``),
+   last — each engine's items as one transaction in the warm-up WAL
+   (``tasks.services.batch_runner``),
 3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
 4. only then deletes cache entries keyed with the retired versions.
 
@@ -22,22 +23,24 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import redis
-
 from pipeline.errors import EngineUnavailableError, PrewarmError
 from pipeline.keys import ROOT, safe_part
-from pipeline.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
-from pipeline.planning import TemplateHead, template_head_items
+from pipeline.planner.candidates import TemplateHead, template_head_items
+from pipeline.planner.plan import WarmItem, WarmPlan
+from pipeline.planner.reasons import PlanReason
+from pipeline.records import records_frame
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
 from tasks.adapters import redis_keys
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.store import Store
+from tasks.adapters.targets.base import WarmOptions
+from tasks.adapters.telemetry import record_plan
 from tasks.adapters.template_repos import sha_key
+from tasks.services import planning
+from tasks.services.batch_runner import BatchRunner
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
-from tasks.targets.base import WarmOptions
-from tasks.telemetry import record_plan
-from tasks.warm_batch import BatchRunner
 
 Primer = Callable[[Sequence[WarmItem]], None]
 
@@ -68,13 +71,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def serving(store: redis.Redis, repo: str) -> dict[str, dict[str, Any]]:
+def serving(store: Store, repo: str) -> dict[str, dict[str, Any]]:
     """Template id → the serving version's record, for one repository."""
     raw = store.hgetall(_SERVING.format(repo=repo))
     return {_text(key): json.loads(value) for key, value in raw.items()}
 
 
-def hotness(store: redis.Redis, repo: str, engine: str | None = None) -> dict[str, int]:
+def hotness(store: Store, repo: str, engine: str | None = None) -> dict[str, int]:
     """Requests per template id seen in traffic: ``engine``'s own counts when it has any (its
     loop wrote them), else the sum over every source (engines sharing the repository, ingests)."""
     if engine is not None and (own := _hotness_of(store, repo, engine)):
@@ -85,13 +88,13 @@ def hotness(store: redis.Redis, repo: str, engine: str | None = None) -> dict[st
     return dict(total)
 
 
-def _hotness_of(store: redis.Redis, repo: str, source: str) -> dict[str, int]:
+def _hotness_of(store: Store, repo: str, source: str) -> dict[str, int]:
     raw = store.hgetall(_HOTNESS.format(repo=repo, source=source))
     return {_text(key): int(value) for key, value in raw.items()}
 
 
 def store_hotness(
-    store: redis.Redis, repo: str, counts: dict[str, int], source: str = INGEST_SOURCE
+    store: Store, repo: str, counts: dict[str, int], source: str = INGEST_SOURCE
 ) -> None:
     """Replace ``source``'s hotness counts of ``repo`` (other sources' counts stay)."""
     key = _HOTNESS.format(repo=repo, source=source)
@@ -103,18 +106,18 @@ def store_hotness(
         pipe.execute()
 
 
-def transaction(store: redis.Redis, repo: str, sha: str) -> dict[str, Any] | None:
+def transaction(store: Store, repo: str, sha: str) -> dict[str, Any] | None:
     """The re-warm record for ``sha`` in ``repo``, or None."""
     raw = store.get(_TXN.format(repo=repo, sha=sha))
     return json.loads(raw) if raw else None
 
 
-def _record(store: redis.Redis, key: str, record: dict[str, Any], **changes: Any) -> None:
+def _record(store: Store, key: str, record: dict[str, Any], **changes: Any) -> None:
     record.update(changes, updated=time.time())
     store.set(key, json.dumps(record), ex=_TXN_TTL_S)
 
 
-def retire_entries(store: redis.Redis, templates: Sequence[Template]) -> int:
+def retire_entries(store: Store, templates: Sequence[Template]) -> int:
     """Delete every cache entry keyed with one of the retired versions; returns how many.
 
     One pass over the cache keys, whatever the number of retired versions: a key's template
@@ -133,7 +136,7 @@ def retire_entries(store: redis.Redis, templates: Sequence[Template]) -> int:
     return deleted + (int(store.unlink(*batch)) if batch else 0)
 
 
-def _commit(store: redis.Redis, repo: str, sha: str, rewarm: RewarmSet, txn_key: str) -> None:
+def _commit(store: Store, repo: str, sha: str, rewarm: RewarmSet, txn_key: str) -> None:
     warm_ids = {t.template_id for t in rewarm.warm}
     with store.pipeline(transaction=True) as pipe:
         for template in rewarm.warm:
@@ -146,7 +149,7 @@ def _commit(store: redis.Redis, repo: str, sha: str, rewarm: RewarmSet, txn_key:
 
 
 def apply_rewarm(
-    store: redis.Redis,
+    store: Store,
     repo: str,
     sha: str,
     rewarm: RewarmSet,
@@ -178,17 +181,17 @@ def engines_for(settings: Settings, repo: TemplateRepoSettings) -> list[EngineSe
 
 
 def run_in_wal(
-    settings: Settings, store: redis.Redis, engine: EngineSettings, items: Sequence[WarmItem]
+    settings: Settings, store: Store, engine: EngineSettings, plan: WarmPlan
 ) -> dict[str, Any]:
-    """Warm ``items`` on ``engine`` as one WAL transaction (one batch), in this process.
+    """Run ``plan`` (the planner's plan for ``engine``: its id, items and notes) as one WAL
+    transaction (one batch), in this process.
 
     The re-warm needs the outcome before it may flip the serving versions, and a task must not
     wait on other tasks, so the batch runs here rather than as a chord.
     """
-    plan = WarmPlan(new_plan_id(), engine.name, tuple(items), PlanBudget(batch_size=len(items)))
-    options = WarmOptions(batch_size=len(items))
+    options = WarmOptions(batch_size=len(plan.items))
     PlanStore(store).save(plan, engine.name, options)
-    record_plan(store, plan, engine.name, reason="template")
+    record_plan(store, plan, engine.name)
     summary = BatchRunner(store, settings).run(plan.plan_id, 0)
     if summary.get("state") != "committed":
         raise EngineUnavailableError(
@@ -213,18 +216,14 @@ def template_plan(
     settings: Settings, engine: EngineSettings, rewarm: RewarmSet, heat: Mapping[str, int]
 ) -> WarmPlan:
     """The one planner's plan (reason ``template``) for the new versions on ``engine``."""
-    from pipeline.records import records_frame
-    from tasks.planner_entry import plan_for
-    from tasks.warm_plan import plan_request
-
     extra = template_head_items(template_heads(rewarm.warm, heat), engine.model)
-    request = plan_request(settings, engine.name)
-    return plan_for(records_frame([]), request, reason="template", engine=engine,
-                    forecast="frequency", extra=extra)  # fmt: skip
+    request = planning.plan_request(settings, engine.name)
+    return planning.plan_for(records_frame([]), request, reason=PlanReason.TEMPLATE,
+                             engine=engine, forecast="frequency", extra=extra)  # fmt: skip
 
 
 def update_template_hotness(
-    settings: Settings, store: redis.Redis, engine: EngineSettings, prompts: Iterable[object]
+    settings: Settings, store: Store, engine: EngineSettings, prompts: Iterable[object]
 ) -> dict[str, int]:
     """Requests per serving template of the repositories ``engine`` serves, from its prompts
     (longest head found at the start, or just after a chat template's role header); stored as
@@ -253,19 +252,19 @@ def update_template_hotness(
 
 
 def rewarm_repo(
-    settings: Settings, store: redis.Redis, repo: TemplateRepoSettings, sha: str, rewarm: RewarmSet
+    settings: Settings, store: Store, repo: TemplateRepoSettings, sha: str, rewarm: RewarmSet
 ) -> dict[str, Any]:
     """Re-warm one repository's changed templates on every engine that serves its model."""
     engines = engines_for(settings, repo)
     per_engine = {
-        e.name: list(template_plan(settings, e, rewarm, hotness(store, repo.name, e.name)).items)
+        e.name: template_plan(settings, e, rewarm, hotness(store, repo.name, e.name))
         for e in engines
     }
 
     def prime(_: Sequence[WarmItem]) -> None:
         for engine in engines:
-            if per_engine[engine.name]:
+            if per_engine[engine.name].items:
                 run_in_wal(settings, store, engine, per_engine[engine.name])
 
-    items = [item for batch in per_engine.values() for item in batch]
+    items = [item for plan in per_engine.values() for item in plan.items]
     return apply_rewarm(store, repo.name, sha, rewarm, items, prime)

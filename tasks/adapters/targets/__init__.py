@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import groupby
 
-from pipeline.plan import WarmItem
-from tasks.targets import adapter, prefix, response
-from tasks.targets.base import BatchContext, ItemResult, WarmOptions
+from pipeline.planner.plan import WarmItem
+from tasks.adapters.targets import adapter, prefix, response
+from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
 
 Apply = Callable[[Sequence[WarmItem], BatchContext], list[ItemResult]]
 Verify = Callable[[Sequence[WarmItem], Sequence[ItemResult], BatchContext], None]

@@ -1,0 +1,33 @@
+"""Why a plan is made: one typed reason per plan, read by metrics, status and the report."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pipeline.errors import BadInputError
+
+
+class PlanReason(StrEnum):
+    """The trigger that asked for a plan (``WarmPlan.reason``, the ``reason`` label of
+    ``prewarm_plans_total``)."""
+
+    WINDOW = "window"
+    REPLICA = "replica"
+    TEMPLATE = "template"
+    TRIGGER = "trigger"
+    CLI = "cli"
+    DEMO = "demo"
+
+
+#: Every reason's name, in declaration order.
+REASONS: tuple[str, ...] = tuple(reason.value for reason in PlanReason)
+
+
+def plan_reason(value: str, where: str = "reason") -> PlanReason:
+    """``value`` as a :class:`PlanReason`; an unknown one is bad input naming ``where``."""
+    try:
+        return PlanReason(value)
+    except ValueError:
+        raise BadInputError(
+            f"unknown reason {value!r} (one of {', '.join(REASONS)})", where=where
+        ) from None

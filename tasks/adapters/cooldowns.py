@@ -1,0 +1,22 @@
+"""Trigger cooldowns in the store (``SET NX PX``): one claim per (kind, engine) and period, so
+two watchers, two workers or a watcher and a worker cannot both fire the same trigger."""
+
+from __future__ import annotations
+
+import redis
+
+from pipeline.triggers import TriggerEvent
+from tasks.adapters import redis_keys
+from tasks.adapters.telemetry import record_trigger
+
+#: A replica that became ready or restarted is warmed at most once per this many seconds.
+REPLICA_COOLDOWN_S = 30.0
+#: A cold-cache trigger (hit-rate drop, spike, drift) fires at most once per this many seconds.
+TRIGGER_COOLDOWN_S = 300.0
+
+
+def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float) -> bool:
+    """Claim the cooldown of ``event``'s kind and engine; False while one is running."""
+    key = redis_keys.TRIGGER_COOLDOWN.format(kind=event.kind, engine=event.engine)
+    claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
+    return record_trigger(store, event.engine, event.kind, claimed)

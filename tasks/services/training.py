@@ -1,0 +1,76 @@
+"""Training the hotness forecaster: select it on a counts table by backtest, save the winner
+(:class:`models.selection.SelectedForecaster`); the same counts with the same code reuse the
+current version, so a redelivered message is harmless."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from models.forecaster import SAVED_NAME
+from models.persistence import code_version, read_saved, save_model
+from models.selection import SelectedForecaster, selection_metadata
+from pipeline.errors import BadInputError
+from pipeline.evaluation import CountMatrix
+from pipeline.tables import read_parquet_file
+from tasks.adapters.observations import Observations
+from tasks.settings import current_settings
+
+
+def input_counts(data_dir: Path, counts_path: str | None, engine: str | None) -> Path:
+    """The counts table a model task reads: the one named, or the engine's observations."""
+    if counts_path:
+        return Path(counts_path)
+    if not engine:
+        raise BadInputError("name the input: counts_path or engine", where="prewarm.model")
+    path = Observations(data_dir, engine).counts_path
+    if not path.exists():
+        raise BadInputError(f"engine {engine!r} has no observations yet", where=str(path))
+    return path
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"{digest.hexdigest()}/{code_version()}"
+
+
+def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict[str, Any] | None:
+    try:
+        saved = read_saved(root, name)
+    except BadInputError:
+        return None
+    extra = saved.metadata.get("extra", {})
+    if extra.get("source") == source and extra.get("kind") == kind:
+        return {"version": saved.path.name, "path": str(saved.path), "reused": True}
+    return None
+
+
+def train_and_save(
+    path: Path,
+    root: Path,
+    name: str = SAVED_NAME,
+    kind: str | None = None,
+    budget: int | None = None,
+) -> dict[str, Any]:
+    """Select the forecaster on the counts at ``path`` by backtest; save the winner under
+    ``root``."""
+    source = _digest(path)
+    reused = _same_training(root, name, source, kind)
+    if reused is not None:
+        return reused
+    started = time.monotonic()
+    settings = current_settings()
+    items = budget or settings.budget.max_items
+    selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric)
+    selected.fit(CountMatrix.from_counts(read_parquet_file(path, "counts"), kind=kind))
+    extra = {"source": source, "kind": kind, **selection_metadata(selected)}
+    folder = save_model(selected.winner_, root, name, extra=extra)
+    return {"version": folder.name, "path": str(folder), "reused": False,
+            "winner": selected.winner_name_, "note": selected.note_,
+            "trained_until": selected.trained_until_.isoformat(),
+            "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
