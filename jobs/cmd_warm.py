@@ -47,9 +47,7 @@ def build_plan_from(
     responses: bool = False, embeddings: bool = False, forecast: str = "auto",
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
-    from tasks.planner_entry import plan_for
-
-    from tasks.services.planning import plan_request, read_records
+    from tasks.services.planning import plan_for, plan_request, read_records
 
     settings = current_settings()
     records, windows = read_records(source)
