@@ -25,7 +25,8 @@ from tasks.adapters.template_repos import (
     push_lock,
     repo_config,
 )
-from tasks.services.rewarm import hotness, rewarm_repo, store_hotness
+from tasks.adapters.template_serving import hotness, store_hotness
+from tasks.services.rewarm import rewarm_repo
 from tasks.settings import Settings
 
 

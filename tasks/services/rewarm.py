@@ -17,14 +17,12 @@ serving, and the next push or poll tries again from the last processed sha.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import EngineUnavailableError, PrewarmError
-from pipeline.keys import ROOT, safe_part
 from pipeline.planner.candidates import TemplateHead, template_head_items
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason
@@ -32,120 +30,27 @@ from pipeline.records import records_frame
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
-from tasks.adapters import redis_keys
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import Store
 from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.telemetry import record_plan
-from tasks.adapters.template_repos import sha_key
+from tasks.adapters.template_serving import (
+    TXN_KEY,
+    commit_serving,
+    hotness,
+    record_transaction,
+    retire_entries,
+    serving,
+    store_hotness,
+)
 from tasks.services import planning
 from tasks.services.batch_runner import BatchRunner
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 
 Primer = Callable[[Sequence[WarmItem]], None]
 
-_SERVING = redis_keys.TEMPLATE_SERVING
-_TXN = redis_keys.TEMPLATE_TXN
-_HOTNESS = redis_keys.TEMPLATE_HOTNESS
-_HOTNESS_SOURCES = redis_keys.TEMPLATE_HOTNESS_SOURCES
-#: The hotness source of counts from an ingest output (not one engine's loop).
-INGEST_SOURCE = "ingest"
-_TXN_TTL_S = 7 * 24 * 3600
 #: How far into a prompt a template's head may start (a chat template's role header first).
 HEAD_OFFSET_CHARS = 64
-
-
-def _serving_value(template: Template) -> str:
-    return json.dumps(
-        {
-            "version": template.version,
-            "tag": version_tag(template),
-            "path": template.path,
-            "kind": template.kind,
-            "static_prefix": template.static_prefix,
-        }
-    )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def serving(store: Store, repo: str) -> dict[str, dict[str, Any]]:
-    """Template id → the serving version's record, for one repository."""
-    raw = store.hgetall(_SERVING.format(repo=repo))
-    return {_text(key): json.loads(value) for key, value in raw.items()}
-
-
-def hotness(store: Store, repo: str, engine: str | None = None) -> dict[str, int]:
-    """Requests per template id seen in traffic: ``engine``'s own counts when it has any (its
-    loop wrote them), else the sum over every source (engines sharing the repository, ingests)."""
-    if engine is not None and (own := _hotness_of(store, repo, engine)):
-        return own
-    total: Counter[str] = Counter()
-    for source in sorted(_text(s) for s in store.smembers(_HOTNESS_SOURCES.format(repo=repo))):
-        total.update(_hotness_of(store, repo, source))
-    return dict(total)
-
-
-def _hotness_of(store: Store, repo: str, source: str) -> dict[str, int]:
-    raw = store.hgetall(_HOTNESS.format(repo=repo, source=source))
-    return {_text(key): int(value) for key, value in raw.items()}
-
-
-def store_hotness(
-    store: Store, repo: str, counts: dict[str, int], source: str = INGEST_SOURCE
-) -> None:
-    """Replace ``source``'s hotness counts of ``repo`` (other sources' counts stay)."""
-    key = _HOTNESS.format(repo=repo, source=source)
-    with store.pipeline(transaction=True) as pipe:
-        pipe.delete(key)
-        if counts:
-            pipe.hset(key, mapping=dict(counts.items()))
-        pipe.sadd(_HOTNESS_SOURCES.format(repo=repo), source)
-        pipe.execute()
-
-
-def transaction(store: Store, repo: str, sha: str) -> dict[str, Any] | None:
-    """The re-warm record for ``sha`` in ``repo``, or None."""
-    raw = store.get(_TXN.format(repo=repo, sha=sha))
-    return json.loads(raw) if raw else None
-
-
-def _record(store: Store, key: str, record: dict[str, Any], **changes: Any) -> None:
-    record.update(changes, updated=time.time())
-    store.set(key, json.dumps(record), ex=_TXN_TTL_S)
-
-
-def retire_entries(store: Store, templates: Sequence[Template]) -> int:
-    """Delete every cache entry keyed with one of the retired versions; returns how many.
-
-    One pass over the cache keys, whatever the number of retired versions: a key's template
-    part (``pw:v1:t:<tenant>:<kind>:<model>:<template>:…``) is looked up in the retired set.
-    """
-    if not templates:
-        return 0
-    retired = {safe_part(version_tag(t)) for t in templates}
-    deleted, batch = 0, []
-    for key in store.scan_iter(match=f"{ROOT}:v*:t:*", count=1000):
-        parts = _text(key).split(":")
-        if len(parts) == 9 and parts[6] in retired:
-            batch.append(key)
-        if len(batch) >= 500:
-            deleted, batch = deleted + int(store.unlink(*batch)), []
-    return deleted + (int(store.unlink(*batch)) if batch else 0)
-
-
-def _commit(store: Store, repo: str, sha: str, rewarm: RewarmSet, txn_key: str) -> None:
-    warm_ids = {t.template_id for t in rewarm.warm}
-    with store.pipeline(transaction=True) as pipe:
-        for template in rewarm.warm:
-            pipe.hset(_SERVING.format(repo=repo), template.template_id, _serving_value(template))
-        for template in rewarm.retire:
-            if template.template_id not in warm_ids:
-                pipe.hdel(_SERVING.format(repo=repo), template.template_id)
-        pipe.set(sha_key(repo), sha)
-        pipe.execute()
 
 
 def apply_rewarm(
@@ -157,18 +62,18 @@ def apply_rewarm(
     prime: Primer,
 ) -> dict[str, Any]:
     """Warm ``items``, commit the new versions, then retire the old ones; see the module doc."""
-    txn_key = _TXN.format(repo=repo, sha=sha)
+    txn_key = TXN_KEY.format(repo=repo, sha=sha)
     record: dict[str, Any] = {"repo": repo, "sha": sha, "started": time.time(), **rewarm.summary()}
-    _record(store, txn_key, record, state=str(TxnState.APPLYING), items=len(items))
+    record_transaction(store, txn_key, record, state=str(TxnState.APPLYING), items=len(items))
     try:
         prime(items)
     except PrewarmError as exc:
-        _record(store, txn_key, record, state=str(TxnState.ROLLED_BACK), error=str(exc))
+        record_transaction(store, txn_key, record, state=str(TxnState.ROLLED_BACK), error=str(exc))
         raise
-    _commit(store, repo, sha, rewarm, txn_key)
-    _record(store, txn_key, record, state=str(TxnState.COMMITTED), committed=time.time())
+    commit_serving(store, repo, sha, rewarm, txn_key)
+    record_transaction(store, txn_key, record, state=str(TxnState.COMMITTED), committed=time.time())
     retired = retire_entries(store, rewarm.retire)
-    _record(store, txn_key, record, retired_entries=retired, retired_at=time.time())
+    record_transaction(store, txn_key, record, retired_entries=retired, retired_at=time.time())
     return record
 
 

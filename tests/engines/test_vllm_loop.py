@@ -149,7 +149,7 @@ class LoopStack:
 
     def wait_rewarm(self, sha: str, timeout_s: float = 240.0) -> dict:
         """The re-warm record of ``sha`` once it committed or rolled back (from the store)."""
-        from tasks.services.rewarm import transaction
+        from tasks.adapters.template_serving import transaction
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

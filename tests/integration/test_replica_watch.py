@@ -13,9 +13,9 @@ from jobs.watchers import Watcher
 from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from pipeline.triggers import TriggerEvent
+from tasks.adapters.engine_probe import observe, parse_metrics
 from tasks.adapters.plan_store import PlanStore
 from tasks.services.batch_runner import BatchRunner
-from tasks.adapters.engine_probe import observe, parse_metrics
 from tasks.services.rewarm import apply_rewarm
 from tasks.settings import EngineSettings, Settings, SourceSettings, TemplateRepoSettings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tasks.services.rewarm import serving
+from tasks.adapters.template_serving import serving
 from tests.integration.rewarm_stack import REPO, rewarm_stack
 
 pytestmark = pytest.mark.integration

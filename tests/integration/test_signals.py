@@ -10,8 +10,8 @@ import pytest
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_to_dir
+from tasks.adapters.template_serving import hotness
 from tasks.services.ingest_triggers import process_ingest
-from tasks.services.rewarm import hotness
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,8 @@ from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.keys import CacheKey
 from pipeline.template_diff import ChangeKind, rewarm_set, version_tag
 from tasks.adapters.template_repos import TemplateRepo, last_sha
-from tasks.services.rewarm import apply_rewarm, serving, transaction
+from tasks.adapters.template_serving import serving, transaction
+from tasks.services.rewarm import apply_rewarm
 from tasks.settings import TemplateRepoSettings
 
 pytestmark = pytest.mark.integration
@@ -277,8 +278,8 @@ def test_failed_rewarm_leaves_the_old_version_serving(source, tmp_path, store):
 
 def test_hotness_from_request_records_orders_the_rewarm(source, tmp_path, store):
     from pipeline.records import records_frame
+    from tasks.adapters.template_serving import hotness
     from tasks.services.repo_events import update_hotness
-    from tasks.services.rewarm import hotness
     from tasks.settings import Settings
 
     prompts = [SUPPORT.split("{{")[0] + "Where is my parcel?"] * 5 + [
@@ -305,7 +306,7 @@ def test_hotness_from_request_records_orders_the_rewarm(source, tmp_path, store)
 
 
 def test_engines_sharing_a_repository_keep_their_own_hotness(store):
-    from tasks.services.rewarm import hotness, store_hotness
+    from tasks.adapters.template_serving import hotness, store_hotness
 
     store_hotness(store, "acme/prompts", {"a.jinja": 5, "b.jinja": 1}, source="vllm-a")
     store_hotness(store, "acme/prompts", {"b.jinja": 7}, source="vllm-b")

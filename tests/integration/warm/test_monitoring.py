@@ -21,9 +21,9 @@ import yaml
 
 from pipeline.triggers import REPLICA_RESTARTED, TriggerEvent
 from tasks.adapters import telemetry
-from tasks.adapters.wal_store import WalStore
 from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.engine_probe import observe
+from tasks.adapters.wal_store import WalStore
 from tasks.settings import METRICS_FLUSH_S
 from tasks.warm_tasks import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
