@@ -21,8 +21,7 @@ QUEUES = ("ingest", "model", "warm", "events")
 TASK_MODULES = [
     "tasks.health_tasks",
     "tasks.repo_tasks",
-    "tasks.services.replica_watch",
-    "tasks.services.ingest_triggers",
+    "tasks.trigger_tasks",
     "tasks.warm_tasks",
     "tasks.ingest_tasks",
     "tasks.model_tasks",

@@ -20,6 +20,7 @@ from celery import chord, shared_task
 
 from pipeline.ingest import IngestOptions
 from pipeline.ingest.distributed import assemble_file, ingest_chunk, part_dir, plan_file_chunks
+from tasks.base import PrewarmTask
 from tasks.settings import current_settings
 
 
@@ -31,7 +32,11 @@ def _data_dir(data_dir: str | None) -> Path:
     return Path(data_dir) if data_dir else current_settings().data_dir
 
 
-@shared_task(name="prewarm.ingest.file", acks_late=True)
+#: An ingest runs as long as its input takes (a large log is minutes per chunk): no time limit.
+_UNLIMITED: dict[str, Any] = {"soft_time_limit": None, "time_limit": None}
+
+
+@shared_task(name="prewarm.ingest.file", base=PrewarmTask, **_UNLIMITED)
 def ingest_file(
     path: str,
     out_dir: str | None = None,
@@ -50,7 +55,7 @@ def ingest_file(
             "out": out, "assemble_id": result.id}  # fmt: skip
 
 
-@shared_task(name="prewarm.ingest.chunk", acks_late=True)
+@shared_task(name="prewarm.ingest.chunk", base=PrewarmTask, **_UNLIMITED)
 def ingest_chunk_task(
     spec: dict[str, Any], options: dict[str, Any] | None, folder: str
 ) -> dict[str, Any]:
@@ -58,7 +63,7 @@ def ingest_chunk_task(
     return ingest_chunk(spec, _options(options), folder)
 
 
-@shared_task(name="prewarm.ingest.assemble", acks_late=True)
+@shared_task(name="prewarm.ingest.assemble", base=PrewarmTask, **_UNLIMITED)
 def assemble_task(
     chunk_results: list[dict[str, Any]],
     path: str,
