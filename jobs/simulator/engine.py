@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.prefix import block_hashes_from_ids, pseudo_tokens
-
 from jobs.simulator.cache import BlockPrefixCache
 from jobs.simulator.kv_publisher import KvEventPublisher, removed_event, stored_event
 from jobs.simulator.metrics import EngineMetrics
 from jobs.simulator.outputs import SimulatedToken, generate_tokens, natural_length, token_id
 from jobs.simulator.vllm_log import SamplingParamsView, VllmLogWriter, lora_request_repr
+from pipeline.prefix_blocks import block_hashes_from_ids, pseudo_tokens
 
 
 @dataclass(frozen=True)

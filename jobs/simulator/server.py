@@ -14,7 +14,6 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from pipeline.prefix import count_tokens, pseudo_token_spans
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -34,6 +33,7 @@ from jobs.simulator.engine import (
 from jobs.simulator.outputs import SimulatedToken, embed_text, token_id
 from jobs.simulator.vllm_log import VllmLogWriter
 from pipeline.errors import BadInputError
+from pipeline.prefix_blocks import count_tokens, pseudo_token_spans
 
 SERVER_HEADER = (b"server", b"prewarm-simulator")
 
