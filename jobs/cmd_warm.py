@@ -58,7 +58,8 @@ def build_plan_from(
     )  # fmt: skip
     engine_settings = settings.engine(request.engine)
     return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
-                    engine=engine_settings, models_root=settings.data_dir / "models")  # fmt: skip
+                    engine=engine_settings, models_root=settings.data_dir / "models",
+                    min_windows=settings.loop.min_windows_for_model)  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:

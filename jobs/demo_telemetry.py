@@ -11,14 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
-
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.planner.plan import WarmPlan
-from pipeline.window_outcome import WindowOutcome, request_items
+from pipeline.window_outcome import WindowOutcome
 from tasks.adapters import telemetry
 from tasks.adapters.store import store_client
 from tasks.services.replica_watch import observe
+from tasks.services.window_close import close_window
 from tasks.settings import Settings
 
 #: Log timestamps have whole seconds: a window starts and ends a second apart from its neighbours.
@@ -58,18 +57,13 @@ class DemoRecorder:
         time.sleep(LOG_RESOLUTION_S)
         return now
 
-    def close_window(self, start: float, end: float, plan: WarmPlan | None = None) -> WindowOutcome:
-        """Close ``[start, end)``: its requests per item from the log, against what was warmed."""
+    def close_window(
+        self, start: float, end: float, plan: WarmPlan | None = None
+    ) -> WindowOutcome | None:
+        """Close ``[start, end)`` from the log (the loop's own window close), against what was
+        warmed and what ``plan`` predicted."""
         records = ingest_paths(
             [self.log_file], IngestOptions(block_size=self.block_size, window="1min")
         ).records
-        epoch = pd.Timestamp(0, tz="UTC")
-        ts = (pd.to_datetime(records["ts"], utc=True) - epoch) / pd.Timedelta(seconds=1)
-        inside, before = records[(ts >= start) & (ts < end)], records[ts < start]
-        known = set(telemetry.warm_state(self.store, self.engine.name).planned)
-        observed = request_items(inside["prefix_hashes"], known)
-        seen = {h for chain in before["prefix_hashes"].dropna() for h in chain}
         predicted = {item.key: item.predicted_hits for item in plan.items} if plan else None
-        return telemetry.record_window(
-            self.store, self.engine.name, (start, end), observed, seen, predicted
-        )
+        return close_window(self.store, self.engine.name, (start, end), records, predicted)

@@ -1,61 +1,46 @@
 """``prewarm watch``: replica start-up and cold-cache triggers, polled in one loop, for a terminal.
 
-The services do the same on beat (``prewarm.events.replica_watch``); both keep the detectors'
-state and cooldowns in the store Redis, so they never fire twice for one event. Every
-``interval`` seconds each configured engine is observed (``/health``, ``/v1/models``,
-``/metrics``). A replica that became ready or restarted is warmed at once through the loop; the
-metrics feed a hit-rate-drop and a request-spike detector per engine, whose events (after a
-cooldown) queue ``prewarm.events.warm_engine``.
+The services do the same on beat (``prewarm.events.replica_watch``), through the same service
+(:func:`tasks.services.replica_watch.watch_engine`); both keep the detectors' state and
+cooldowns in the store Redis, so they never fire twice for one event. Every ``interval``
+seconds each configured engine is observed (``/health``, ``/v1/models``, ``/metrics``). A
+replica that became ready or restarted, or a cache gone cold (hit-rate drop, request spike),
+is warmed at once by this process through the loop (the "warm now" service), whose plan the
+workers run.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from pipeline.triggers import TriggerEvent
-from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S
 from tasks.adapters.store import Store, store_client
-from tasks.services.replica_watch import detect_cold_cache, watch_replica
-from tasks.settings import EngineSettings, Settings, current_settings
-from tasks.trigger_tasks import queue_warm_engine
+from tasks.services.replica_watch import WarmNow, warm_for_trigger, watch_engine
+from tasks.settings import Settings, current_settings
 from tasks.warm_tasks import submitter
-
-OnEvent = Callable[[TriggerEvent], Any]
 
 
 class Watcher:
-    """One polling loop over every configured engine."""
+    """One polling loop over every configured engine; ``warm`` is what an event past its
+    cooldown does (by default: warm now, in this process)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: Store,
-        on_event: OnEvent | None = None,
-        cooldown_s: float = TRIGGER_COOLDOWN_S,
-    ) -> None:
-        self.settings, self.store, self.cooldown_s = settings, store, cooldown_s
-        self.on_event = on_event or (lambda event: queue_warm_engine(event.engine, event.kind))
+    def __init__(self, settings: Settings, store: Store, warm: WarmNow | None = None) -> None:
+        self.settings, self.store = settings, store
+        self.warm = warm or self._warm_here
 
-    def poll_engine(self, engine: EngineSettings) -> list[dict[str, Any]]:
-        """Observe one engine; returns what fired (replica warm-ups and trigger events)."""
-        replica, sample = watch_replica(self.settings, self.store, engine, submitter(self.settings))
-        fired = [replica] if replica else []
-        if sample is None:
-            return fired
-        if replica:  # a replica that just started is warmed already; its cache is cold by nature
-            return fired
-        for event in detect_cold_cache(self.store, sample, self.cooldown_s):
-            fired.append({**event.to_dict(), "task_id": self.on_event(event)})
-        return fired
+    def _warm_here(self, engine: str, kind: str) -> dict[str, Any]:
+        return warm_for_trigger(self.settings, self.store, engine, kind, submitter(self.settings))
 
     def poll(self) -> list[dict[str, Any]]:
-        """One pass over every engine."""
-        return [f for engine in self.settings.engines for f in self.poll_engine(engine)]
+        """One look at every engine; what fired (and what warming it did)."""
+        return [
+            fired
+            for engine in self.settings.engines
+            for fired in watch_engine(self.settings, self.store, engine, self.warm)
+        ]
 
     def run(self, interval_s: float, iterations: int | None = None) -> None:
         """Poll forever (or ``iterations`` times), ``interval_s`` apart."""

@@ -71,6 +71,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 app = Celery("prewarm", include=TASK_MODULES)
 
+#: The one "warm now" task: (engine, reason or trigger kind), through the loop.
+WARM_NOW = "prewarm.loop.warm"
+
+
+def queue_warm_now(engine: str, reason: str) -> dict[str, Any]:
+    """Queue the "warm now" task for ``engine`` and ``reason``; its task id."""
+    return {"task_id": str(app.send_task(WARM_NOW, (engine, reason)).id)}
+
 
 @app.on_configure.connect
 def _configure(sender: Celery, **_: Any) -> None:

@@ -17,8 +17,9 @@ from celery import shared_task
 from tasks.adapters.loop_state import LoopState
 from tasks.adapters.store import store_client
 from tasks.base import PrewarmTask
-from tasks.celery_app import app
+from tasks.celery_app import WARM_NOW, app
 from tasks.services.loop import WarmLoop, window_start
+from tasks.services.replica_watch import warm_for_trigger
 from tasks.settings import current_settings
 from tasks.warm_tasks import submitter
 
@@ -55,8 +56,9 @@ def tick(engine: str, window: float) -> dict[str, Any] | None:
     return WarmLoop(settings, store_client(settings), submitter(settings)).tick(engine, now=window)
 
 
-@shared_task(name="prewarm.loop.warm", base=PrewarmTask)
+@shared_task(name=WARM_NOW, base=PrewarmTask)
 def warm(engine: str, reason: str) -> dict[str, Any]:
-    """Warm ``engine`` now for ``reason`` (``demo``, ``cli``, ``trigger`` …) through the loop."""
+    """The one "warm now" task: warm ``engine`` through the loop for ``reason`` (a plan reason
+    such as ``demo`` or ``cli``, or a trigger kind: ``replica_restarted``, ``hit_rate_drop`` …)."""
     settings = current_settings()
-    return WarmLoop(settings, store_client(settings), submitter(settings)).warm_now(engine, reason)
+    return warm_for_trigger(settings, store_client(settings), engine, reason, submitter(settings))

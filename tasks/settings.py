@@ -177,6 +177,10 @@ AnySource = Annotated[
 ]
 
 
+#: Fewer windows of history than this and a learned model has nothing to learn from.
+MIN_WINDOWS_FOR_MODEL = 8
+
+
 class LoopSettings(_Section):
     """The warm-up loop (``[loop]``): how much of the observations it keeps and plans from."""
 
@@ -184,8 +188,9 @@ class LoopSettings(_Section):
     keep_windows: int = Field(2016, ge=8)
     #: recent request records kept per engine (the planner's candidates)
     keep_records: int = Field(20_000, ge=100)
-    #: windows of counts before a forecaster is fitted and saved for an engine
-    min_windows_for_model: int = Field(8, ge=2)
+    #: windows of counts before a forecaster is fitted and saved for an engine (the one
+    #: threshold: below it every plan uses the frequency estimate)
+    min_windows_for_model: int = Field(MIN_WINDOWS_FOR_MODEL, ge=2)
     #: what the forecaster's backtest scores: next-window ``requests`` on the warmed items, or
     #: ``first_uses`` (items used at all: what a warm-up after a restart saves)
     selection_metric: Literal["requests", "first_uses"] = "requests"

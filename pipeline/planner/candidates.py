@@ -260,13 +260,13 @@ def candidates(
 ) -> list[WarmItem]:
     """Every warm-up candidate for ``request.reason``, with predicted hits.
 
-    ``extra`` are candidates the caller knows of (template heads, configured adapters); they
-    are scored like the rest. A ``template`` plan takes only those.
+    ``extra`` are candidates the caller knows of (template heads, configured adapters, held
+    KV chains); they are scored like the rest, and where the records name the same item, the
+    one with more predicted hits stays. A ``template`` plan takes only those.
     """
-    items = list(extra)
     if request.reason == "template":
-        return items
-    items += prefix_candidates(records, request, forecast)
+        return list(extra)
+    items = prefix_candidates(records, request, forecast)
     if request.adapters:
         items += adapter_items(records, request.model)
     if request.shapes or request.reason == "replica":
@@ -275,7 +275,17 @@ def candidates(
         items += response_items(records, request.model, request.min_count)
     if request.embeddings:
         items += response_items(records, request.model, request.min_count, kind="embedding")
-    return items
+    return _with_extra(extra, items)
+
+
+def _with_extra(extra: Sequence[WarmItem], items: list[WarmItem]) -> list[WarmItem]:
+    """``extra`` first, then ``items``; one candidate per key (the one with more hits)."""
+    chosen: dict[str, WarmItem] = {}
+    for item in (*extra, *items):
+        kept = chosen.get(item.key)
+        if kept is None or item.predicted_hits > kept.predicted_hits:
+            chosen[item.key] = item
+    return list(chosen.values())
 
 
 def token_ratio(items: list[WarmItem], token_counts: Mapping[str, int]) -> float | None:

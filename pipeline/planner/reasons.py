@@ -31,3 +31,12 @@ def plan_reason(value: str, where: str = "reason") -> PlanReason:
         raise BadInputError(
             f"unknown reason {value!r} (one of {', '.join(REASONS)})", where=where
         ) from None
+
+
+def trigger_reason(kind: str) -> PlanReason:
+    """The plan reason of a trigger kind: a replica that became ready or restarted
+    (``replica_*``) is ``replica``; a plan reason stays itself; any other trigger (hit-rate
+    drop, spike, drift) is ``trigger``."""
+    if kind.startswith("replica"):
+        return PlanReason.REPLICA
+    return PlanReason(kind) if kind in REASONS else PlanReason.TRIGGER

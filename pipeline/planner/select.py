@@ -130,14 +130,16 @@ class _Limits:
 
 
 def priming_order(items: Iterable[WarmItem]) -> list[WarmItem]:
-    """Least valuable first, most valuable (or soonest needed) last — an LRU keeps the last.
+    """Adapters first (they hold no cache, and a prefix primed through an adapter needs it
+    loaded); then least valuable first, most valuable (or soonest needed) last — an LRU keeps
+    the last.
 
     Items with a known ``next_use_s`` go by it (latest-needed first); the rest by score.
     """
 
-    def rank(item: WarmItem) -> tuple[float, float, str]:
+    def rank(item: WarmItem) -> tuple[bool, float, float, str]:
         soon = -item.next_use_s if item.next_use_s is not None else -math.inf
-        return (soon, item.score, item.key)
+        return (item.kind != "adapter", soon, item.score, item.key)
 
     return sorted(items, key=rank)
 

@@ -1,5 +1,6 @@
 """Trigger cooldowns in the store (``SET NX PX``): one claim per (kind, engine) and period, so
-two watchers, two workers or a watcher and a worker cannot both fire the same trigger."""
+two watchers, two workers or a watcher and a worker cannot both fire the same trigger. Every
+trigger passes here on its one road: event → cooldown → the "warm now" task."""
 
 from __future__ import annotations
 
@@ -15,8 +16,15 @@ REPLICA_COOLDOWN_S = 30.0
 TRIGGER_COOLDOWN_S = 300.0
 
 
-def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float) -> bool:
-    """Claim the cooldown of ``event``'s kind and engine; False while one is running."""
+def cooldown_s(kind: str) -> float:
+    """The cooldown of a trigger kind: a replica's start-up, or any cold-cache trigger."""
+    return REPLICA_COOLDOWN_S if kind.startswith("replica") else TRIGGER_COOLDOWN_S
+
+
+def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float | None = None) -> bool:
+    """Claim the cooldown of ``event``'s kind and engine (``seconds``, by default its kind's);
+    False while one is running."""
+    period = cooldown_s(event.kind) if seconds is None else seconds
     key = redis_keys.TRIGGER_COOLDOWN.format(kind=event.kind, engine=event.engine)
-    claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(seconds * 1000))))
+    claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(period * 1000))))
     return record_trigger(store, event.engine, event.kind, claimed)

@@ -3,6 +3,7 @@ each warm-up's outcome for status, and the engine's recent plan ids."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -66,6 +67,20 @@ class LoopState:
                 pipe.set(redis_keys.LOOP_LAST_TICK.format(engine=engine), body)
             pipe.hset(redis_keys.LOOP_LAST_PLANS.format(engine=engine), reason, body)
             pipe.execute()
+
+    def set_window_predictions(self, engine: str, predicted: Mapping[str, float]) -> None:
+        """What the window tick's plan predicted for the window it warms (replacing the last)."""
+        key = redis_keys.LOOP_WINDOW_PREDICTIONS.format(engine=engine)
+        with self.store.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if predicted:
+                pipe.hset(key, mapping={k: repr(float(v)) for k, v in predicted.items()})
+            pipe.execute()
+
+    def window_predictions(self, engine: str) -> dict[str, float] | None:
+        """What the last window tick's plan predicted (None: no window tick planned yet)."""
+        raw = self.store.hgetall(redis_keys.LOOP_WINDOW_PREDICTIONS.format(engine=engine))
+        return {_text(k): float(v) for k, v in raw.items()} if raw else None
 
     def keep_recent_plans(self, engine: str, plan_id: str, keep: int) -> None:
         """Remember ``plan_id`` among the engine's ``keep`` newest plans; older ones are deleted."""

@@ -13,6 +13,10 @@ every prewarm service):
 Files are replaced atomically (temporary file, then rename), so a reader in another process
 sees the old version or the new one, never half of one. One writer per engine at a time: the
 loop holds the engine's lock in Redis while it updates them.
+
+An update returns an :class:`ObservationsSnapshot`: the version it wrote and the frames it
+wrote, so every later step of a tick (model, drift, plan, window close) works on the version
+the tick observed, with each file read once per tick, never on whatever is newest by then.
 """
 
 from __future__ import annotations
@@ -44,6 +48,22 @@ class ObservationsVersion:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ObservationsSnapshot:
+    """One version of an engine's observations with its tables, as one tick observed them.
+
+    Immutable by contract: steps read ``records`` and ``counts``, none changes them.
+    """
+
+    version: ObservationsVersion
+    records: pd.DataFrame | None = None
+    counts: pd.DataFrame | None = None
+
+    @property
+    def windows(self) -> int:
+        return self.version.windows
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
@@ -134,20 +154,25 @@ class Observations:
         except FileNotFoundError:
             return None
 
+    def snapshot(self) -> ObservationsSnapshot:
+        """The current version with its tables (each file read once)."""
+        return ObservationsSnapshot(self.version(), self.records(), self.counts())
+
     def append(
         self,
         records: pd.DataFrame | None,
         counts: pd.DataFrame | None,
         keep_records: int,
         keep_windows: int,
-    ) -> ObservationsVersion:
-        """Add newly read records and counts, keep the most recent, write a new version."""
-        before = self.version()
+    ) -> ObservationsSnapshot:
+        """Add newly read records and counts, keep the most recent, write a new version; the
+        snapshot of what was written (unchanged observations: the current one)."""
+        current = self.snapshot()
         if (records is None or records.empty) and (counts is None or counts.empty):
-            return before
+            return current
         self.folder.mkdir(parents=True, exist_ok=True)
-        kept = self._kept_records(records, keep_records)
-        merged = merge_counts(self.counts(), counts)
+        kept = _kept_records(current.records, records, keep_records)
+        merged = merge_counts(current.counts, counts)
         if merged is not None:
             merged = keep_last_windows(merged, keep_windows)
             _write_parquet(merged, self.counts_path)
@@ -155,17 +180,19 @@ class Observations:
             _write_parquet(kept, self.records_path)
         windows = 0 if merged is None else int(merged["window_start"].nunique())
         last = None if merged is None else pd.Timestamp(merged["window_start"].max()).isoformat()
-        version = ObservationsVersion(self.engine, before.version + 1, windows,
+        version = ObservationsVersion(self.engine, current.version.version + 1, windows,
                                       0 if kept is None else len(kept), last)  # fmt: skip
         temp = self.manifest_path.with_name(f".manifest.{os.getpid()}.tmp")
         temp.write_text(json.dumps(version.to_dict()))
         os.replace(temp, self.manifest_path)
-        return version
+        return ObservationsSnapshot(version, kept, merged)
 
-    def _kept_records(self, new: pd.DataFrame | None, keep: int) -> pd.DataFrame | None:
-        old = self.records()
-        frames = [f for f in (old, new) if f is not None and len(f)]
-        if not frames:
-            return None
-        both = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        return both.tail(keep).reset_index(drop=True)
+
+def _kept_records(
+    old: pd.DataFrame | None, new: pd.DataFrame | None, keep: int
+) -> pd.DataFrame | None:
+    frames = [f for f in (old, new) if f is not None and len(f)]
+    if not frames:
+        return None
+    both = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    return both.tail(keep).reset_index(drop=True)

@@ -36,6 +36,8 @@ LOOP_PLAN_IDS = ROOT + ":loop:{engine}:plan-ids"
 LOOP_NEXT_TICK = ROOT + ":loop:{engine}:next-tick"
 #: one tick per engine and window: the last window claimed by a tick (Unix seconds)
 LOOP_TICK_CLAIM = ROOT + ":loop:{engine}:tick-claim"
+#: what the engine's last window tick's plan predicted for its window (hash: item key → hits)
+LOOP_WINDOW_PREDICTIONS = ROOT + ":loop:{engine}:window-predictions"
 #: one engine's observations are written by one process at a time
 LOOP_LOCK = ROOT + ":loop:{engine}:lock"
 

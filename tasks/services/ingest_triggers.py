@@ -17,9 +17,9 @@ import pandas as pd
 from pipeline.errors import BadInputError, TransientError
 from pipeline.tables import read_parquet_file
 from pipeline.triggers import TriggerEvent, log_signals
-from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S, cooldown_allows
+from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.store import Store
-from tasks.services.replica_watch import Enqueue
+from tasks.services.replica_watch import WarmNow
 from tasks.services.repo_events import update_hotness
 from tasks.settings import Settings
 
@@ -45,15 +45,16 @@ def _targets(settings: Settings, event: TriggerEvent) -> list[str]:
 
 
 def act_on(
-    settings: Settings, store: Store, events: list[TriggerEvent], enqueue: Enqueue
+    settings: Settings, store: Store, events: list[TriggerEvent], warm: WarmNow
 ) -> list[dict[str, Any]]:
-    """Queue a warm-up per engine an event names, past each (kind, engine) cooldown."""
+    """Warm now (``warm``: the "warm now" task) each engine an event names, past each
+    (kind, engine) cooldown."""
     acted = []
     for event in events:
         for name in _targets(settings, event):
             local = TriggerEvent(event.kind, name, event.ts, event.detail)
-            if cooldown_allows(store, local, TRIGGER_COOLDOWN_S):
-                acted.append({**local.to_dict(), "task_id": enqueue(name, event.kind)})
+            if cooldown_allows(store, local):
+                acted.append({**local.to_dict(), **warm(name, event.kind)})
     return acted
 
 
@@ -73,7 +74,7 @@ def process_ingest(
     ingest_dir: Path,
     recent_s: float | None = None,
     *,
-    enqueue: Enqueue,
+    warm: WarmNow,
 ) -> dict[str, Any]:
     """Hotness per template, then the log's recent trigger events acted upon."""
     counts = _frame(ingest_dir / "windows.parquet")
@@ -88,5 +89,5 @@ def process_ingest(
     return {
         "hotness": _hotness(settings, store, ingest_dir / "records.parquet"),
         "events": [e.to_dict() for e in events],
-        "acted": act_on(settings, store, recent, enqueue),
+        "acted": act_on(settings, store, recent, warm),
     }

@@ -10,7 +10,9 @@
 * ``demo`` / ``cli`` — a person asked.
 
 Each first reads what is new in the engine's sources (so a restart seconds after traffic still
-sees that traffic), then plans with the one planner (:func:`tasks.services.planning.plan_for`) on
+sees that traffic) into an observations snapshot that every later step receives (model, drift,
+plan, window close: each observation file is read once per warm-up), then plans with the one
+planner (:func:`tasks.services.planning.plan_for`) on
 the engine's observations and forecaster, and submits the plan as WAL transactions. An engine
 that does not answer gets no plan, and its status says so. Outcomes (planned, warmed,
 verified, failed, tokens, seconds) are kept in the store for ``prewarm status``.
@@ -22,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -30,20 +32,21 @@ import pandas as pd
 from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.planner.candidates import configured_adapter_items
-from pipeline.planner.plan import WarmPlan
+from pipeline.planner.plan import WarmItem, WarmPlan
+from pipeline.planner.reasons import PlanReason
 from pipeline.records import records_frame
 from pipeline.triggers import TriggerEvent, drift_events
-from pipeline.window_outcome import request_items
 from tasks.adapters import telemetry
 from tasks.adapters.connections import check_engine_url
-from tasks.adapters.cooldowns import TRIGGER_COOLDOWN_S, cooldown_allows
+from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.loop_state import LoopState
-from tasks.adapters.observations import Observations, ObservationsVersion, models_root
+from tasks.adapters.observations import Observations, ObservationsSnapshot, models_root
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
 from tasks.services.planning import plan_request
 from tasks.services.rewarm import update_template_hotness
+from tasks.services.window_close import close_window
 from tasks.settings import EngineSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -104,157 +107,163 @@ class WarmLoop:
 
     # --- the steps ----------------------------------------------------------------------------
 
-    def observe(self, engine: EngineSettings) -> tuple[ObservationsVersion, NewData]:
-        """Read what is new in the engine's sources and add it to its observations."""
+    def observe(self, engine: EngineSettings) -> tuple[ObservationsSnapshot, NewData]:
+        """Read what is new in the engine's sources and add it to its observations; the
+        snapshot every later step of this warm-up works on."""
         lock = self.state.observations_lock(engine.name)
         if not lock.acquire():
             raise BadInputError("another process holds its observations", where=engine.name)
         try:
             new = read_new(self.settings, self.store, engine)
             loop = self.settings.loop
-            version = Observations(self.settings.data_dir, engine.name).append(
+            snapshot = Observations(self.settings.data_dir, engine.name).append(
                 new.records, new.counts, loop.keep_records, loop.keep_windows
             )
         finally:
             lock.release()
-        return version, new
+        return snapshot, new
 
-    def model_in_use(self, engine: EngineSettings, version: ObservationsVersion) -> str | None:
-        """The engine's saved forecaster version; one is fitted and saved first when there is
-        none and the observations have enough windows. None: the planner uses frequency."""
+    def learnable(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> bool:
+        """Whether a forecaster can be used: one is saved, or the snapshot has enough windows
+        to fit one (``loop.min_windows_for_model``, the one threshold)."""
         root = models_root(self.settings.data_dir, engine.name)
-        if not root.exists() and version.windows < self.settings.loop.min_windows_for_model:
+        return root.exists() or snapshot.windows >= self.settings.loop.min_windows_for_model
+
+    def model_in_use(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> str | None:
+        """The engine's saved forecaster version; one is selected by backtest on the snapshot's
+        counts and saved first when there is none and the snapshot has enough windows. None:
+        the planner uses the frequency estimate."""
+        if not self.learnable(engine, snapshot):
             return None
+        root = models_root(self.settings.data_dir, engine.name)
         # Imported here, not at the top: they load LightGBM (seconds on a small machine), which
         # a loop planning on frequency never needs.
         from models.forecaster import SAVED_NAME
-        from tasks.services.training import train_and_save
+        from models.persistence import code_version
+        from tasks.services.training import train_on_counts
 
         if not (root / SAVED_NAME).exists():
-            if version.windows < self.settings.loop.min_windows_for_model:
+            min_windows = self.settings.loop.min_windows_for_model
+            if snapshot.counts is None or snapshot.windows < min_windows:
                 return None
-            counts = Observations(self.settings.data_dir, engine.name).counts_path
+            source = f"observations:{engine.name}:{snapshot.version.version}/{code_version()}"
             try:
-                train_and_save(counts, root)
+                train_on_counts(snapshot.counts, source, root)
             except (PrewarmError, ValueError) as exc:  # too little to learn: frequency
                 log.info("engine %s: no forecaster fitted (%s)", engine.name, exc)
                 return None
         return current_version(root, SAVED_NAME)
 
-    def plan(self, engine: EngineSettings, reason: str, shapes: bool = False) -> WarmPlan | None:
-        """The one planner's plan for ``engine`` on its observations (None: nothing seen)."""
-        observations = Observations(self.settings.data_dir, engine.name)
-        records = observations.records()
+    def plan(
+        self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot
+    ) -> WarmPlan | None:
+        """The one planner's plan for ``engine`` on ``snapshot`` (None: nothing seen). A
+        replica's plan has its workload shapes, and its configured adapters as ``extra``."""
+        replica = reason == PlanReason.REPLICA
+        records = snapshot.records
         if records is None or records.empty:
-            if reason != "replica" or not engine.adapters:
+            if not replica or not engine.adapters:
                 return None
             records = records_frame([])  # nothing served yet: a replica still gets its adapters
-        root = models_root(self.settings.data_dir, engine.name)
-        # A model only where one is saved or can be fitted: else the frequency estimate, without
-        # loading the learning libraries at all (seconds on a small machine).
-        learnable = root.exists() or (
-            observations.version().windows >= self.settings.loop.min_windows_for_model
-        )
-        counts = (
-            observations.counts_path if learnable and observations.counts_path.exists() else None
-        )
-        request = plan_request(self.settings, engine.name, shapes=shapes)
-        plan = planning.plan_for(
-            records, request, reason=reason, windows=counts, engine=engine, models_root=root,
+        counts = snapshot.counts if self.learnable(engine, snapshot) else None
+        request = plan_request(self.settings, engine.name, shapes=replica)
+        return planning.plan_for(
+            records, request, reason=reason, windows=counts, engine=engine,
+            models_root=models_root(self.settings.data_dir, engine.name),
             forecast="auto" if counts is not None else "frequency",
+            min_windows=self.settings.loop.min_windows_for_model,
+            extra=configured_adapters(engine) if replica else (),
         )  # fmt: skip
-        return with_configured_adapters(plan, engine) if reason == "replica" else plan
 
-    def key_drift(self, engine: EngineSettings, closed_before: float) -> TriggerEvent | None:
+    def key_drift(
+        self, engine: EngineSettings, snapshot: ObservationsSnapshot, closed_before: float
+    ) -> TriggerEvent | None:
         """A key-drift event when the last closed window's prefix keys moved away from the
         windows before it (past the trigger's cooldown), else None."""
-        counts = Observations(self.settings.data_dir, engine.name).counts()
+        counts = snapshot.counts
         if counts is None or counts.empty:
             return None
         events = drift_events(counts, "prefix", engine.name)
         last = events[-1] if events else None
         if last is None or last.ts < closed_before - 2 * self.settings.schedule.window_s:
             return None
-        return last if cooldown_allows(self.store, last, TRIGGER_COOLDOWN_S) else None
-
-    def update_hotness(self, engine: EngineSettings) -> None:
-        """Template hotness from the engine's kept records (for "hottest last" re-warms)."""
-        records = Observations(self.settings.data_dir, engine.name).records()
-        if records is not None:
-            update_template_hotness(self.settings, self.store, engine, records["prompt"])
+        return last if cooldown_allows(self.store, last) else None
 
     def warm_now(self, engine_name: str, reason: str, window: str | None = None) -> dict[str, Any]:
         """Read, observe, plan for ``reason`` and submit; returns the recorded outcome."""
-        engine = self.settings.engine(engine_name)
+        return self._warm_recorded(self.settings.engine(engine_name), reason, window)[0]
+
+    def _warm_recorded(
+        self, engine: EngineSettings, reason: str, window: str | None
+    ) -> tuple[dict[str, Any], ObservationsSnapshot | None]:
         outcome = Outcome(engine.name, reason, self.clock(), window=window)
+        snapshot = None
         try:
-            self._warm(engine, outcome)
+            snapshot = self._warm(engine, outcome)
         except PrewarmError as exc:
             outcome.status, outcome.error = "failed", str(exc)
             raise
         finally:
             outcome.seconds = round(self.clock() - outcome.started, 3)
             self.record(outcome)
-        return outcome.to_dict()
+        return outcome.to_dict(), snapshot
 
-    def _warm(self, engine: EngineSettings, outcome: Outcome) -> None:
-        version, new = self.observe(engine)
-        outcome.observations = version.to_dict()
+    def _warm(self, engine: EngineSettings, outcome: Outcome) -> ObservationsSnapshot:
+        snapshot, new = self.observe(engine)
+        outcome.observations = snapshot.version.to_dict()
         outcome.sources = [r.to_dict() for r in new.reads]
-        if self.settings.template_repos and len(new.records):
-            self.update_hotness(engine)
+        if self.settings.template_repos and len(new.records) and snapshot.records is not None:
+            update_template_hotness(self.settings, self.store, engine, snapshot.records["prompt"])
         try:
             check_engine_url(engine.url)
         except PrewarmError as exc:
             outcome.status = f"engine down: no plan ({exc})"
-            return
-        outcome.model = self.model_in_use(engine, version)
+            return snapshot
+        outcome.model = self.model_in_use(engine, snapshot)
         if outcome.reason == "window" and new.counts is not None and len(new.counts):
-            drift = self.key_drift(engine, outcome.started)
+            drift = self.key_drift(engine, snapshot, outcome.started)
             outcome.triggers = [drift.to_dict()] if drift is not None else []
-        plan = self.plan(engine, outcome.reason, shapes=outcome.reason == "replica")
+        plan = self.plan(engine, outcome.reason, snapshot)
         if plan is None or not plan.items:
             outcome.status = "nothing to warm yet" if plan is None else "plan empty"
-            return
+            if outcome.reason == PlanReason.WINDOW:  # nothing was predicted for the window
+                self.state.set_window_predictions(engine.name, {})
+            return snapshot
         outcome.forecast = next((n for n in plan.notes if n.startswith("forecast:")), None)
         outcome.planned, outcome.tokens = len(plan.items), sum(i.tokens for i in plan.items)
         outcome.plan_id = self.submit(plan, engine.name)
         outcome.status = "submitted"
         self._keep_recent_plans(engine.name, plan.plan_id)
+        if outcome.reason == PlanReason.WINDOW:  # what the window's close is measured against
+            predicted = {item.key: item.predicted_hits for item in plan.items}
+            self.state.set_window_predictions(engine.name, predicted)
+        return snapshot
 
     def tick(self, engine_name: str, now: float | None = None) -> dict[str, Any] | None:
-        """The window tick: once per engine and window, whoever runs it (None: already done)."""
+        """The window tick: once per engine and window, whoever runs it (None: already done).
+
+        It warms for the window that begins and closes the one that ended, on the snapshot it
+        observed, against what the previous tick's plan predicted for it."""
         window_s = self.settings.schedule.window_s
         start = window_start(self.clock() if now is None else now, window_s)
         name = window_name(start)
         if not self.state.claim_window(engine_name, start):
             return None
         self.state.set_next_tick(engine_name, start + window_s)
+        predicted = self.state.window_predictions(engine_name)
         try:
-            outcome = self.warm_now(engine_name, "window", window=name)
+            outcome, snapshot = self._warm_recorded(
+                self.settings.engine(engine_name), PlanReason.WINDOW, name
+            )
         except PrewarmError:
             self.state.release_window(engine_name, start)  # a retry may run it again
             telemetry.record_tick(self.store, engine_name, False, window_s, now=self.clock())
             raise
         telemetry.record_tick(self.store, engine_name, True, window_s, now=self.clock())
-        self.close_window(engine_name, (start - window_s, start))
+        if snapshot is not None and snapshot.records is not None:
+            close_window(self.store, engine_name, (start - window_s, start), snapshot.records,
+                         predicted)  # fmt: skip
         return outcome
-
-    def close_window(self, engine_name: str, window: tuple[float, float]) -> None:
-        """The window that just closed, for coverage, misses and forecast error: its requests
-        per item (the deepest planned block of each request's chain) against what was warmed."""
-        records = Observations(self.settings.data_dir, engine_name).records()
-        if records is None or records.empty or "prefix_hashes" not in records:
-            return
-        epoch = pd.Timestamp(0, tz="UTC")
-        ts = (pd.to_datetime(records["ts"], utc=True) - epoch) / pd.Timedelta(seconds=1)
-        inside = records[(ts >= window[0]) & (ts < window[1])]
-        if inside.empty:
-            return
-        known = telemetry.warm_state(self.store, engine_name).planned
-        observed = request_items(inside["prefix_hashes"], known)
-        seen = {h for chain in records[ts < window[0]]["prefix_hashes"].dropna() for h in chain}
-        telemetry.record_window(self.store, engine_name, window, observed, seen)
 
     # --- records for status -------------------------------------------------------------------
 
@@ -266,11 +275,7 @@ class WarmLoop:
         self.state.keep_recent_plans(engine, plan_id, self.settings.loop.keep_plans)
 
 
-def with_configured_adapters(plan: WarmPlan, engine: EngineSettings) -> WarmPlan:
-    """A replica's plan plus the adapters configured for its engine that the plan lacks, first
-    (they hold no prefix, so they cost no cache and order nothing). The planner adds only the
-    adapters its records used; configured ones are a replica's own."""
-    planned = {item.adapter for item in plan.items if item.kind == "adapter"}
-    names = (a.split("=", 1)[0] for a in engine.adapters)
-    extra = configured_adapter_items((n for n in names if n not in planned), engine.model)
-    return replace(plan, items=(*extra, *plan.items)) if extra else plan
+def configured_adapters(engine: EngineSettings) -> list[WarmItem]:
+    """Candidates for the adapters configured for ``engine`` (a replica's own: it loads them
+    before their first request), the ``extra`` of a replica's plan."""
+    return configured_adapter_items((a.split("=", 1)[0] for a in engine.adapters), engine.model)

@@ -34,11 +34,9 @@ from pipeline.planner.plan import (
 from pipeline.planner.reasons import PlanReason, plan_reason
 from pipeline.tables import read_parquet_file
 from tasks.adapters.engine_tokens import engine_cache, measure_tokens
-from tasks.settings import EngineSettings, Settings
+from tasks.settings import MIN_WINDOWS_FOR_MODEL, EngineSettings, Settings
 
 log = logging.getLogger(__name__)
-#: Fewer windows than this and a learned model has nothing to learn from.
-MIN_WINDOWS_FOR_MODEL = 8
 
 
 def read_records(source: Path) -> tuple[pd.DataFrame, Path | None]:
@@ -80,24 +78,45 @@ def saved_forecast(
         return None
 
 
-def learned_forecast(
-    windows: Path, models_root: Path | None = None
-) -> tuple[dict[str, float], str] | None:
-    """Next-window predictions of prefix items and where they came from, or None.
+#: A forecast: predicted next-window hits by item key (None: the frequency estimate), and a note.
+Forecast = tuple[dict[str, float] | None, str]
 
-    The saved forecaster under ``models_root`` when there is a usable one; else one fitted on
-    ``windows`` when it holds at least :data:`MIN_WINDOWS_FOR_MODEL` windows.
-    """
+
+def choose_forecast(
+    windows: pd.DataFrame | Path | None,
+    models_root: Path | None = None,
+    *,
+    forecast: str = "auto",
+    min_windows: int = MIN_WINDOWS_FOR_MODEL,
+) -> Forecast:
+    """The one choice of forecaster for a plan: the saved backtest winner under ``models_root``
+    when there is a usable one; else one fitted on ``windows`` (item × window counts, or the
+    file holding them) when they hold at least ``min_windows`` windows; else the frequency
+    estimate. ``forecast`` is ``auto``, ``model`` (a learned one or bad input) or
+    ``frequency``."""
+    if forecast == "frequency" or windows is None:
+        return None, "forecast: frequency"
+    learned = _learned(windows, models_root, min_windows)
+    if learned is None and forecast == "model":
+        raise BadInputError("the learned forecast is unavailable", where=str(windows)[:200])
+    if learned is None:
+        return None, "forecast: frequency"
+    return learned[0], f"forecast: model ({learned[1]})"
+
+
+def _learned(
+    windows: pd.DataFrame | Path, models_root: Path | None, min_windows: int
+) -> tuple[dict[str, float], str] | None:
     try:
         from models.forecaster import HotnessForecaster
         from pipeline.evaluation import CountMatrix
 
-        counts = pd.read_parquet(windows)
+        counts = read_parquet_file(windows, "counts") if isinstance(windows, Path) else windows
         prefixes = counts[counts["item_kind"] == "prefix"]
         saved = saved_forecast(prefixes, models_root) if models_root is not None else None
         if saved is not None:
             return saved
-        if prefixes["window_start"].nunique() < MIN_WINDOWS_FOR_MODEL:
+        if prefixes["window_start"].nunique() < min_windows:
             return None
         model = HotnessForecaster().fit(CountMatrix.from_counts(prefixes, kind="prefix"))
         return _prediction_map(model.predict_next(prefixes, kind="prefix")), "fitted"
@@ -209,31 +228,31 @@ def plan_for(
     request: PlanRequest,
     *,
     reason: str | None = None,
-    windows: Path | None = None,
+    windows: pd.DataFrame | Path | None = None,
     forecast: str = "auto",
     engine: EngineSettings | None = None,
     models_root: Path | None = None,
+    min_windows: int = MIN_WINDOWS_FOR_MODEL,
     extra: Sequence[WarmItem] = (),
 ) -> WarmPlan:
     """The one planning service every trigger calls: a plan for ``request.engine`` made for
     ``reason`` (a :class:`~pipeline.planner.reasons.PlanReason`; default the request's own).
-    ``forecast`` is ``auto``, ``model`` or ``frequency``.
+    The forecaster is :func:`choose_forecast`'s (``forecast``: ``auto``, ``model`` or
+    ``frequency``; ``windows``: the item × window counts, a frame or its file).
 
     With ``engine`` given, token counts are measured through its tokenizer before budgeting;
     with ``models_root`` (``<data_dir>/models``) a saved forecaster is preferred to fitting one.
-    ``extra`` are candidates the caller knows of
-    (``pipeline.planner.candidates.template_head_items``,
-    ``configured_adapter_items``), scored with the rest; a ``template`` plan takes only those.
-    A plan with shapes (``request.shapes`` or reason ``replica``) has one per workload profile.
+    ``extra`` are candidates the caller knows of (template heads, a replica's configured
+    adapters, a KV restore's held chains), scored with the rest; a ``template`` plan takes only
+    those. A plan with shapes (``request.shapes`` or reason ``replica``) has one per workload
+    profile.
     """
     if reason is not None:
         request = replace(request, reason=plan_reason(reason))
-    learned = None
-    if forecast != "frequency" and windows is not None:
-        learned = learned_forecast(windows, models_root)
-        if learned is None and forecast == "model":
-            raise BadInputError("the learned forecast is unavailable", where=str(windows))
-    notes = [f"forecast: model ({learned[1]})" if learned else "forecast: frequency"]
+    predicted, note = choose_forecast(
+        windows, models_root, forecast=forecast, min_windows=min_windows
+    )
+    notes = [note]
     budget = request.budget
     if engine is not None and (budget.block_tokens is None or budget.max_tokens is None):
         request, note = with_engine_cache(request, engine_cache(engine))
@@ -241,7 +260,7 @@ def plan_for(
     if request.shapes or request.reason == "replica":
         records, note = with_profiles(records)
         notes.append(note)
-    items = candidates(records, request, learned[0] if learned else None, extra=extra)
+    items = candidates(records, request, predicted, extra=extra)
     counts = measure_tokens(items, engine) if engine is not None else {}
     plan = plan_from_candidates(items, request, token_counts=counts)
     notes.append(f"tokens: measured {len(counts)} by the engine" if counts else "tokens: estimated")

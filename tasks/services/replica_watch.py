@@ -1,10 +1,15 @@
-"""Watching engine replicas: a replica that became ready or restarted is warmed at once through
-the loop (:meth:`tasks.services.loop.WarmLoop.warm_now`, reason ``replica``): what the window
-tick would warm (the forecast's hottest prefixes within its capacity) plus its workload shapes
-and adapters. The same scrape feeds the cold-cache detectors (hit-rate drop, request spike);
-an event past its cooldown (:mod:`tasks.adapters.cooldowns`) is handed to ``enqueue``, the one
-"warm now" task. What a look sees comes from :mod:`tasks.adapters.engine_probe`; what the
-watch remembers between looks lives in the store (:mod:`tasks.adapters.replica_state`).
+"""Watching engine replicas, and the one road of every trigger: event → cooldown
+(:mod:`tasks.adapters.cooldowns`) → "warm now" with its reason.
+
+A look at a replica (:mod:`tasks.adapters.engine_probe`) raises ``replica_ready`` or
+``replica_restarted`` when it became ready or restarted; otherwise the same scrape feeds the
+cold-cache detectors (hit-rate drop, request spike). Each event past its cooldown is handed to
+``warm`` — on beat, the "warm now" task (``prewarm.loop.warm``); in a terminal
+(``prewarm watch``), :func:`warm_for_trigger` in that process — and both end in the loop
+(:meth:`tasks.services.loop.WarmLoop.warm_now`) with the trigger's plan reason: a replica gets
+what the window tick would warm (the forecast's hottest prefixes within its capacity) plus its
+workload shapes and adapters. What the watch remembers between looks lives in the store
+(:mod:`tasks.adapters.replica_state`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.planner.reasons import PlanReason
+from pipeline.planner.reasons import trigger_reason
 from pipeline.triggers import (
     EngineSample,
     HitRateDropDetector,
@@ -25,15 +30,16 @@ from pipeline.triggers import (
     replica_event,
 )
 from tasks.adapters import replica_state
-from tasks.adapters.cooldowns import REPLICA_COOLDOWN_S, TRIGGER_COOLDOWN_S, cooldown_allows
+from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.engine_probe import observe
 from tasks.adapters.store import Store
 from tasks.adapters.telemetry import record_engine_sample
 from tasks.services.loop import Submit, WarmLoop
 from tasks.settings import EngineSettings, Settings
 
-#: Queues the "warm now" task: (engine name, trigger kind) → task id.
-Enqueue = Callable[[str, str], str]
+#: "Warm now": (engine name, trigger kind) → what was done (the queued task's id, or the
+#: warm-up's outcome where it ran in this process).
+WarmNow = Callable[[str, str], dict[str, Any]]
 
 
 @dataclass
@@ -85,9 +91,7 @@ def _sample(data: dict[str, Any] | None) -> EngineSample | None:
     return EngineSample(**data, ttft_buckets=buckets)
 
 
-def detect_cold_cache(
-    store: Store, sample: EngineSample, cooldown_s: float = TRIGGER_COOLDOWN_S
-) -> list[TriggerEvent]:
+def detect_cold_cache(store: Store, sample: EngineSample) -> list[TriggerEvent]:
     """Feed one scrape to the engine's detectors (state in the store); the events that fired
     past their cooldown."""
     detectors = EngineDetectors.from_json(replica_state.detector_state(store, sample.engine))
@@ -98,51 +102,32 @@ def detect_cold_cache(
         detectors = EngineDetectors()
     events = detectors.observe(sample)
     replica_state.save_detector_state(store, sample.engine, detectors.to_json())
-    return [e for e in events if cooldown_allows(store, e, cooldown_s)]
+    return [e for e in events if cooldown_allows(store, e)]
 
 
-def warm_replica(
-    settings: Settings, store: Store, engine: EngineSettings, reason: str, submit: Submit
+def warm_for_trigger(
+    settings: Settings, store: Store, engine: str, kind: str, submit: Submit
 ) -> dict[str, Any]:
-    """Warm ``engine`` through the loop now; ``reason`` is a trigger kind (``replica_ready``,
-    ``replica_restarted``, ``hit_rate_drop`` …). Returns the outcome (its plan id and size)."""
-    plan_reason = PlanReason.REPLICA if reason.startswith("replica") else PlanReason.TRIGGER
-    outcome = WarmLoop(settings, store, submit).warm_now(engine.name, plan_reason)
-    return {"engine": engine.name, "reason": reason, "items": outcome["planned"],
-            "plan_id": outcome["plan_id"], "status": outcome["status"]}  # fmt: skip
+    """The "warm now" service: warm ``engine`` through the loop for a trigger ``kind``
+    (``replica_ready``, ``hit_rate_drop`` …, or a plan reason), with its plan reason. Returns
+    the loop's outcome, with the trigger and the plan's size (``items``)."""
+    outcome = WarmLoop(settings, store, submit).warm_now(engine, trigger_reason(kind))
+    return {**outcome, "trigger": kind, "items": outcome["planned"]}
 
 
-def watch_replica(
-    settings: Settings, store: Store, engine: EngineSettings, submit: Submit
-) -> tuple[dict[str, Any] | None, EngineSample | None]:
-    """Observe one replica, remember it, and warm it if it became ready or restarted.
-
-    Returns what was warmed (or None) and the metrics sample, for the cold-cache detectors.
-    """
+def watch_engine(
+    settings: Settings, store: Store, engine: EngineSettings, warm: WarmNow
+) -> list[dict[str, Any]]:
+    """One look at ``engine``: a replica that became ready or restarted, else the cold-cache
+    triggers of its metrics; each event past its cooldown goes to ``warm``. Returns what
+    fired, with what ``warm`` did."""
     current, sample = observe(engine)
     record_engine_sample(store, engine.name, sample)
     previous = replica_state.last_observation(store, engine.name)
     replica_state.remember_observation(store, current)
-    event = replica_event(previous, current)
-    if event is None or not cooldown_allows(store, event, REPLICA_COOLDOWN_S):
-        return None, sample
-    return {**event.to_dict(), **warm_replica(settings, store, engine, event.kind, submit)}, sample
-
-
-def watch_engine(
-    settings: Settings,
-    store: Store,
-    engine: EngineSettings,
-    *,
-    submit: Submit,
-    enqueue: Enqueue,
-    cooldown_s: float = TRIGGER_COOLDOWN_S,
-) -> list[dict[str, Any]]:
-    """One look at ``engine``: warm a replica that started (through ``submit``), and hand
-    cold-cache triggers past their cooldown to ``enqueue`` (the "warm now" task)."""
-    replica, sample = watch_replica(settings, store, engine, submit)
-    fired = [replica] if replica else []
-    if sample is not None:
-        for event in detect_cold_cache(store, sample, cooldown_s) if not replica else ():
-            fired.append({**event.to_dict(), "task_id": enqueue(event.engine, event.kind)})
-    return fired
+    replica = replica_event(previous, current)
+    if replica is not None and cooldown_allows(store, replica):
+        # a replica that just started is warmed; its cache is cold by nature, not a trigger
+        return [{**replica.to_dict(), **warm(engine.name, replica.kind)}]
+    events = detect_cold_cache(store, sample) if sample is not None else []
+    return [{**event.to_dict(), **warm(event.engine, event.kind)} for event in events]

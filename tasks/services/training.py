@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from models.forecaster import SAVED_NAME
 from models.persistence import code_version, read_saved, save_model
 from models.selection import SelectedForecaster, selection_metadata
@@ -63,11 +65,27 @@ def train_and_save(
     reused = _same_training(root, name, source, kind)
     if reused is not None:
         return reused
+    return train_on_counts(read_parquet_file(path, "counts"), source, root, name, kind, budget)
+
+
+def train_on_counts(
+    counts: pd.DataFrame,
+    source: str,
+    root: Path,
+    name: str = SAVED_NAME,
+    kind: str | None = None,
+    budget: int | None = None,
+) -> dict[str, Any]:
+    """Select the forecaster on ``counts`` (named ``source`` in the saved metadata) by
+    backtest; save the winner under ``root``."""
+    reused = _same_training(root, name, source, kind)
+    if reused is not None:
+        return reused
     started = time.monotonic()
     settings = current_settings()
     items = budget or settings.budget.max_items
     selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric)
-    selected.fit(CountMatrix.from_counts(read_parquet_file(path, "counts"), kind=kind))
+    selected.fit(CountMatrix.from_counts(counts, kind=kind))
     extra = {"source": source, "kind": kind, **selection_metadata(selected)}
     folder = save_model(selected.winner_, root, name, extra=extra)
     return {"version": folder.name, "path": str(folder), "reused": False,

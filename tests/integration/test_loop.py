@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ import pandas as pd
 import pytest
 import redis
 
+from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_paths
 from pipeline.planner.plan import WarmPlan
@@ -41,7 +43,7 @@ from tasks.settings import (
     SourceSettings,
 )
 from tests.conftest import REPO_ROOT
-from tests.integration.processes import free_port, prewarm_script, wait_for_http
+from tests.integration.processes import prewarm_script, wait_for_http
 
 pytestmark = pytest.mark.integration
 
@@ -170,6 +172,68 @@ def test_window_tick_plans_from_observations_and_warms_chat_and_completions(
     assert status["last_tick"]["window"] == "2027-01-15T08:00:00+00:00"
     assert status["last_plan"]["reason"] == "replica" and status["last_plan"]["failed"] == 0
     assert status["last_plan"]["verified"] == after["planned"]
+
+
+def _reads_of_observations(monkeypatch, folder: Path) -> dict[str, int]:
+    """Count every Parquet read of a file in ``folder`` and every manifest read there."""
+    reads: dict[str, int] = {}
+    real_parquet, real_version = pd.read_parquet, Observations.version
+
+    def read_parquet(path, *args, **kwargs):
+        if Path(path).parent == folder:
+            reads[Path(path).name] = reads.get(Path(path).name, 0) + 1
+        return real_parquet(path, *args, **kwargs)
+
+    def version(self):
+        if self.folder == folder:
+            reads["manifest.json"] = reads.get("manifest.json", 0) + 1
+        return real_version(self)
+
+    monkeypatch.setattr(pd, "read_parquet", read_parquet)
+    monkeypatch.setattr(Observations, "version", version)
+    return reads
+
+
+def test_a_tick_reads_each_observation_file_once_and_plans_on_the_version_it_observed(
+    sim, tmp_path, store_url, store, monkeypatch
+):
+    settings = settings_for(sim.url, tmp_path / "engine.log", tmp_path / "data", store_url,
+                            store_url, loop=LoopSettings(min_windows_for_model=2))  # fmt: skip
+    observations = Observations(settings.data_dir, "sim")
+    minute = time.time() // 60 * 60
+    history = [r for w in (3, 2, 1) for r in _window_counts(minute - 60 * w, {"p:old": 5})]
+    observations.append(None, pd.DataFrame(history).astype(COUNT_DTYPES), 1000, 100)
+    traffic(sim.url, 2)
+    reads = _reads_of_observations(monkeypatch, observations.folder)
+    loop = WarmLoop(settings, store, submit=in_process(store, settings))
+    outcome = loop.tick("sim", now=1_800_000_000.0)
+    assert outcome is not None and outcome["status"] == "submitted", outcome
+    # the model was selected and saved on the snapshot's counts, and the plan used it
+    assert outcome["model"] is not None and outcome["forecast"].startswith("forecast: model")
+    assert reads == {"records.parquet": 1, "counts.parquet": 1, "manifest.json": 1}
+    assert outcome["observations"]["version"] == 2 and outcome["observations"]["records"] == 16
+
+
+def test_the_window_close_measures_the_forecast_of_the_plan_made_for_that_window(
+    sim, tmp_path, store_url, store
+):
+    settings = settings_for(sim.url, tmp_path / "engine.log", tmp_path / "data", store_url,
+                            store_url, window_s=3600)  # fmt: skip
+    loop = WarmLoop(settings, store, submit=in_process(store, settings))
+    traffic(sim.url, 2)
+    start = time.time() // 3600 * 3600
+    first = loop.tick("sim", now=start)
+    assert first is not None and first["status"] == "submitted", first
+    planned, _, _ = PlanStore(store).load(first["plan_id"])
+    expected = sum(item.predicted_hits for item in planned.items)
+    traffic(sim.url, 2)
+    assert loop.tick("sim", now=start + 3600) is not None  # closes [start, start + 3600)
+    closed = [e for e in telemetry.history(store, "sim") if e["kind"] == "window"]
+    assert len(closed) == 1 and closed[0]["window_start"] == start
+    assert closed[0]["requests"] == 32
+    assert closed[0]["predicted"] == pytest.approx(expected)
+    series = dict(telemetry.read_series(store)["prewarm_forecast_absolute_error_requests"])
+    assert series[("sim",)] == closed[0]["absolute_error"] > 0
 
 
 def test_the_loop_does_not_read_its_own_warm_ups_back_as_demand(sim, loop_settings, store):
@@ -347,15 +411,15 @@ def test_key_drift_of_the_last_window_is_a_trigger_of_the_tick_with_a_cooldown(
     observations = Observations(settings.data_dir, engine.name)
     steady = {"p:billing": 40, "p:claims": 30, "p:travel": 20}
     rows = [r for w in range(7) for r in _window_counts(60.0 * w, steady)]
-    observations.append(None, pd.DataFrame(rows).astype(COUNT_DTYPES), 1000, 100)
+    steady_snapshot = observations.append(None, pd.DataFrame(rows).astype(COUNT_DTYPES), 1000, 100)
     loop = WarmLoop(settings, store, submit=in_process(store, settings), clock=lambda: 60.0 * 8)
-    assert loop.key_drift(engine, 60.0 * 8) is None  # the same keys every window
+    assert loop.key_drift(engine, steady_snapshot, 60.0 * 8) is None  # the same keys every window
 
     moved = _window_counts(60.0 * 7, {"p:legal": 60, "p:audit": 40})
-    observations.append(None, pd.DataFrame(moved).astype(COUNT_DTYPES), 1000, 100)
-    event = loop.key_drift(engine, 60.0 * 8)
+    snapshot = observations.append(None, pd.DataFrame(moved).astype(COUNT_DTYPES), 1000, 100)
+    event = loop.key_drift(engine, snapshot, 60.0 * 8)
     assert event is not None and event.kind == "key_drift" and event.engine == "sim"
     assert event.ts == 60.0 * 7 and event.detail["js_divergence"] > 0.35
-    assert loop.key_drift(engine, 60.0 * 8) is None  # its cooldown holds it back
+    assert loop.key_drift(engine, snapshot, 60.0 * 8) is None  # its cooldown holds it back
     fired = telemetry.read_series(store)["prewarm_trigger_firings_total"]
     assert fired == [(("sim", "key_drift"), 1.0)]

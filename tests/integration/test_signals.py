@@ -61,11 +61,11 @@ def test_ingested_log_gives_hotness_and_warms_the_engine_that_went_cold(tmp_path
     )
     queued: list[tuple[str, str]] = []
 
-    def enqueue(engine: str, reason: str) -> str:
+    def warm(engine: str, reason: str) -> dict[str, str]:
         queued.append((engine, reason))
-        return f"task-{len(queued)}"
+        return {"task_id": f"task-{len(queued)}"}
 
-    out = process_ingest(settings, store, tmp_path / "ingest", recent_s=3600, enqueue=enqueue)
+    out = process_ingest(settings, store, tmp_path / "ingest", recent_s=3600, warm=warm)
     assert out["hotness"] == {"acme/prompts": 24}
     assert hotness(store, "acme/prompts") == {"claims.jinja": 24}
     drops = [e for e in out["events"] if e["kind"] == "hit_rate_drop"]
@@ -73,5 +73,5 @@ def test_ingested_log_gives_hotness_and_warms_the_engine_that_went_cold(tmp_path
         len(drops) == 1 and drops[0]["detail"]["hit_rate"] < 0.75 * drops[0]["detail"]["baseline"]
     )
     assert ("sim", "hit_rate_drop") in queued and ("other", "hit_rate_drop") not in queued
-    again = process_ingest(settings, store, tmp_path / "ingest", recent_s=3600, enqueue=enqueue)
+    again = process_ingest(settings, store, tmp_path / "ingest", recent_s=3600, warm=warm)
     assert again["acted"] == []  # the cooldown in Redis holds a second warm-up back

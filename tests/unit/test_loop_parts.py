@@ -61,9 +61,10 @@ def test_a_window_read_over_two_ticks_is_summed_and_old_windows_are_dropped(tmp_
     observations = Observations(tmp_path, "e/1")  # a name that is not a safe path part
     records = pd.DataFrame({"prompt": [f"p{n}" for n in range(5)]})
     for n in range(4):
-        version = observations.append(
+        snapshot = observations.append(
             records, _counts(f"2026-01-01 00:0{n}", "k", 1), keep_records=7, keep_windows=2
         )
+    version = snapshot.version
     assert version.version == 4 and version.windows == 2 and version.records == 7
     assert observations.folder.parent == tmp_path / "observations"
     kept = observations.counts()
