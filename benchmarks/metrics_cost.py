@@ -300,7 +300,7 @@ class TelemetryClock:
 
         runner = tasks.services.batch_runner
         targets = [(runner, "defer_batch"), (runner, "plan_labels"),
-                   (telemetry, "record_plan"), (telemetry._PENDING, "flush")]  # fmt: skip
+                   (telemetry, "record_plan"), (telemetry.PENDING_BATCHES, "flush")]  # fmt: skip
         with replaced({target: self.wrap(getattr(*target)) for target in targets}):
             yield
 

@@ -170,7 +170,7 @@ def test_an_exit_flush_does_not_wait_past_its_bound_for_a_write_under_way(store,
     item = WarmItem("prefix", "k-bound", "m", text="x", tokens=2)
     summary = {"state": "committed", "items": 1, "ok": 1, "failed": 0, "batch": 0}
     telemetry.flush_batch_metrics()
-    pending = telemetry._PENDING
+    pending = telemetry.PENDING_BATCHES
     assert pending.writing.acquire(timeout=5)  # a write under way (a hung Redis, say)
     try:
         telemetry.defer_batch(store, ("bound", "cli"), "p-bound", [item], summary)
