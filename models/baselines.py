@@ -20,6 +20,7 @@ from models.features import EWMA_FAST, candidates, ewma, running_tables, windows
 from models.model_state import ModelState
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.evaluation import CountMatrix
+from pipeline.shared_prefixes import FREQUENCY_ALPHA
 
 PREDICTION_COLUMNS = ("item_kind", "item_key", "window_start", "predicted")
 
@@ -182,6 +183,31 @@ class EWMA(HotnessModel):
         return ewma(matrix.requests[items, lo : t + 1], self.alpha)[:, -1].astype(np.float64)
 
 
+class FrequencyEstimate(HotnessModel):
+    """Next window = the planner's frequency estimate: the EWMA (weight ``alpha`` on the latest
+    window, from the history's first window) averaged with the whole history's mean rate.
+
+    This is the estimate a plan falls back to without a learned forecast
+    (:func:`pipeline.shared_prefixes.frequency_hits`, over the history's span), here as a model
+    the backtest scores like any other, so a plan on it is measured too.
+    """
+
+    name = "frequency"
+
+    def __init__(self, alpha: float = FREQUENCY_ALPHA) -> None:
+        self.alpha = alpha
+
+    def _predict(
+        self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
+    ) -> np.ndarray:
+        table = getattr(self, "_smoothed", None)
+        if table is None or table[0] is not matrix.requests:
+            table = (matrix.requests, ewma(matrix.requests, self.alpha))
+            self._smoothed = table  # one pass per matrix: a backtest predicts at every origin
+        rate = running_tables(matrix).cum_requests[items, t].astype(np.float64) / (t + 1)
+        return 0.5 * table[1][items, t].astype(np.float64) + 0.5 * rate
+
+
 class SeasonalNaive(HotnessModel):
     """Next window = the same window one period (default: one day) earlier.
 
@@ -265,5 +291,11 @@ class DailyBlend(HotnessModel):
 def baselines() -> dict[str, HotnessModel]:
     """One fresh instance of each baseline, by name (the models a forecaster must not lose to;
     the blends are candidates of :mod:`models.selection`, not baselines)."""
-    models: list[HotnessModel] = [LastWindow(), MovingAverage(), EWMA(), SeasonalNaive()]
+    models: list[HotnessModel] = [
+        LastWindow(),
+        MovingAverage(),
+        EWMA(),
+        FrequencyEstimate(),
+        SeasonalNaive(),
+    ]
     return {model.name: model for model in models}

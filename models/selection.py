@@ -30,6 +30,7 @@ import pandas as pd
 from models.baselines import (
     EWMA,
     DailyBlend,
+    FrequencyEstimate,
     HotnessModel,
     LastWindow,
     MovingAverage,
@@ -73,6 +74,7 @@ def candidate_models(
         "last_window": LastWindow(),
         "moving_average": MovingAverage(),
         "ewma": EWMA(),
+        "frequency": FrequencyEstimate(),
         "recency_blend": RecencyBlend(weight=0.7),
         "recency_blend_0.9": RecencyBlend(weight=0.9),
     }

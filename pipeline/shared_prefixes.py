@@ -238,8 +238,12 @@ def _span(windows: Mapping[int, int], span: Span | None) -> Span:
     return min(span[0], min(windows)), max(span[1], max(windows))
 
 
+#: The frequency estimate's EWMA weight on the latest window.
+FREQUENCY_ALPHA = 0.5
+
+
 def frequency_forecast(
-    windows: Mapping[int, int], alpha: float = 0.5, span: Span | None = None
+    windows: Mapping[int, int], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
 ) -> float:
     """Next-window hits from per-window counts: EWMA over the history's windows (``span``, by
     default the item's own), gaps counted as 0."""
@@ -261,7 +265,7 @@ def history_rate(windows: Mapping[int, int], span: Span | None = None) -> float:
 
 
 def frequency_hits(
-    windows: Mapping[int, int], alpha: float = 0.5, span: Span | None = None
+    windows: Mapping[int, int], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
 ) -> float:
     """Next-window hits: the EWMA (recent trend) averaged with the whole-history rate.
 
@@ -269,7 +273,8 @@ def frequency_hits(
     prefix seen a few times earlier towards 0; the history rate keeps every prefix seen
     predicted above 0 (its expected reuse), the EWMA still ranks recent ones higher. With the
     history's ``span``, every item is measured over the same windows, so one seen twice long
-    ago is not ranked above one seen twice lately.
+    ago is not ranked above one seen twice lately. The backtest scores the same estimate as the
+    model ``frequency`` (``models.baselines.FrequencyEstimate``).
     """
     return 0.5 * frequency_forecast(windows, alpha, span) + 0.5 * history_rate(windows, span)
 

@@ -41,7 +41,8 @@ def test_evaluate_prints_every_model_and_budget_as_json_and_plots(mooncake_slice
     table = pd.DataFrame(payload["table"])
     assert set(table["budget"]) == {"10 items", "50 items"}
     assert set(table["model"]) == {
-        "last_window", "moving_average", "ewma", "seasonal_naive", "lightgbm", "selected",
+        "last_window", "moving_average", "ewma", "frequency", "seasonal_naive", "lightgbm",
+        "selected",
     }  # fmt: skip
     assert payload["notes"] and payload["notes"][0].startswith("selected by backtest at each of")
     assert (table["captured_share"] <= table["history_oracle_share"] + 1e-12).all()
