@@ -6,7 +6,7 @@ it is due, so windows, engines and sources changed in the settings file apply at
 without restarting beat. Retraining reads the same observations (``prewarm.model.
 retrain_engines``, every ``retrain_s``).
 
-``prewarm beat`` (``jobs.services``) installs :func:`beat_schedule`. Each entry expires after
+``prewarm beat`` (``jobs.cmd_services``) installs :func:`beat_schedule`. Each entry expires after
 one period, so a beat that was down does not flood the workers with stale ticks when it returns.
 Entries whose task no installed module defines are left out (and named in the log), so the
 schedule never sends a message no worker can run.

@@ -50,15 +50,15 @@ err_console = Console(stderr=True, soft_wrap=True)  # one error, one line, at an
 #: registers (a run names one: only its module is imported, ~1 s less for ``prewarm ingest``)
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "jobs.simulator.cli": ("simulator",),
-    "jobs.services": ("api", "worker", "beat", "flower"),
-    "jobs.checks": ("health",),
+    "jobs.cmd_services": ("api", "worker", "beat", "flower"),
+    "jobs.cmd_health": ("health",),
     "jobs.demo": ("demo",),
-    "jobs.watchers": ("watch",),
-    "jobs.templates_cli": ("templates",),
+    "jobs.cmd_watch": ("watch",),
+    "jobs.cmd_templates": ("templates",),
     "jobs.cmd_ingest": ("ingest",),
     "jobs.cmd_warm": ("plan", "warm", "wal"),
     "jobs.cmd_evaluate": ("evaluate",),
-    "jobs.kv_service": ("kv-events",),
+    "jobs.cmd_kv_events": ("kv-events",),
     "jobs.report": ("report",),
     "jobs.cmd_status": ("status",),
 }

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from jobs.cmd_watch import Watcher
 from jobs.simulator import SimulatorConfig, SimulatorServer
-from jobs.watchers import Watcher
 from pipeline.template_diff import rewarm_set
 from pipeline.templates import jinja_template
 from tasks.adapters.engine_probe import observe, parse_metrics

@@ -169,7 +169,7 @@ def test_one_kv_events_source_per_engine(tmp_path):
 
 
 def test_the_kv_events_service_takes_its_endpoints_from_the_settings(tmp_path):
-    from jobs.kv_service import kv_source
+    from jobs.cmd_kv_events import kv_source
     from pipeline.errors import BadInputError
 
     source = KV_SOURCE + 'endpoint = "tcp://vllm:5557"\nreplay_endpoint = "tcp://vllm:5558"\n'
