@@ -165,6 +165,27 @@ class WorkerProcess:
         self._log.close()
 
 
+class SteppedClock:
+    """A clock in unix seconds that moves only when the test says: ``clock()`` reads it,
+    ``clock.advance(s)`` steps it. It starts at the real time, so what it stamps in Redis sits
+    next to what real clocks stamp."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> SteppedClock:
+    """A clock the test steps by hand (leases, expiries), instead of sleeping."""
+    return SteppedClock()
+
+
 @pytest.fixture(scope="session")
 def broker_url() -> str:
     """Broker URL for the session; its database is flushed once before the worker starts."""

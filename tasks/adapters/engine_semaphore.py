@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -27,31 +27,44 @@ return 0
 
 
 class EngineSemaphore:
-    """At most ``limit`` holders at once for ``engine``, across all processes."""
+    """At most ``limit`` holders at once for ``engine``, across all processes.
 
-    def __init__(self, client: redis.Redis, engine: str, limit: int, hold_s: float = 30.0) -> None:
+    Expiries are read and written against ``clock`` (unix seconds, ``time.time``), so a test
+    steps time past a dead holder's expiry instead of sleeping it out; waiting for a slot is
+    real time.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        engine: str,
+        limit: int,
+        hold_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.r = client
         self.key = redis_keys.ENGINE_SEMAPHORE.format(engine=engine)
         self.limit = limit
         self.hold_s = hold_s
+        self.clock = clock
         self._acquire = client.register_script(_ACQUIRE)
 
     def try_acquire(self, holder: str) -> bool:
         """Take a slot for ``holder`` if one is free."""
-        now = time.time()
+        now = self.clock()
         args: list[str | float] = [now, self.limit, now + self.hold_s, holder]
         return bool(self._acquire(keys=[self.key], args=args))
 
     def renew(self, holder: str) -> bool:
         """Push ``holder``'s expiry forward; False if it already expired and was dropped."""
-        return bool(self.r.zadd(self.key, {holder: time.time() + self.hold_s}, xx=True, ch=True))
+        return bool(self.r.zadd(self.key, {holder: self.clock() + self.hold_s}, xx=True, ch=True))
 
     def release(self, holder: str) -> None:
         self.r.zrem(self.key, holder)
 
     def holders(self) -> int:
         """Live holders now."""
-        return int(self.r.zcount(self.key, time.time(), "+inf"))
+        return int(self.r.zcount(self.key, self.clock(), "+inf"))
 
     @contextmanager
     def slot(self, wait_s: float = 60.0, holder: str | None = None) -> Iterator[str]:

@@ -91,12 +91,23 @@ def fx_key(txn_id: str) -> str:
     return f"{PREFIX}fx:{txn_id}"
 
 
-class WalStore:
-    """The WAL of one Redis store; ``lease_s`` is how long a transaction lives unrenewed."""
+#: A clock in unix seconds (``time.time``); a test passes one it steps by hand.
+Clock = Callable[[], float]
 
-    def __init__(self, client: redis.Redis, lease_s: float = 30.0) -> None:
+
+class WalStore:
+    """The WAL of one Redis store; ``lease_s`` is how long a transaction lives unrenewed.
+
+    Leases are read and written against ``clock`` (unix seconds), so a test steps time past a
+    lease instead of sleeping it out.
+    """
+
+    def __init__(
+        self, client: redis.Redis, lease_s: float = 30.0, clock: Clock = time.time
+    ) -> None:
         self.r = client
         self.lease_s = lease_s
+        self.clock = clock
         self._renew = client.register_script(_RENEW)
         self._move = client.register_script(_MOVE)
         self._record = client.register_script(_RECORD)
@@ -113,13 +124,14 @@ class WalStore:
         """Open a transaction with a fresh lease; its id is unique per attempt. ``extra`` adds
         writes (given the new id) to the same ``MULTI``."""
         txn = Transaction(uuid.uuid4().hex[:16], plan_id, batch, engine)
+        now = self.clock()
         fields = {
             "state": txn.state.value, "plan_id": plan_id, "batch": batch, "engine": engine,
-            "owner": owner or txn.txn_id, "created": time.time(),
+            "owner": owner or txn.txn_id, "created": now,
         }  # fmt: skip
         with self.r.pipeline() as pipe:
             pipe.hset(txn_key(txn.txn_id), mapping={k: str(v) for k, v in fields.items()})
-            pipe.zadd(ACTIVE, {txn.txn_id: time.time() + self.lease_s})
+            pipe.zadd(ACTIVE, {txn.txn_id: now + self.lease_s})
             if extra is not None:
                 extra(pipe, txn.txn_id)
             pipe.execute()
@@ -136,7 +148,7 @@ class WalStore:
 
     def renew(self, txn_id: str, owner: str) -> bool:
         """Extend the lease; False when the sweep has taken the transaction over."""
-        deadline = time.time() + self.lease_s
+        deadline = self.clock() + self.lease_s
         return bool(self._renew(keys=[txn_key(txn_id), ACTIVE], args=[owner, deadline, txn_id]))
 
     def state(self, txn_id: str) -> TxnState | None:
@@ -247,7 +259,7 @@ class WalStore:
                     state == TxnState.ROLLED_BACK or effect.key in restore
                 ):
                     _restore(pipe, effect)
-            pipe.hset(txn_key(txn_id), mapping={"state": state.value, "ended": time.time()})
+            pipe.hset(txn_key(txn_id), mapping={"state": state.value, "ended": self.clock()})
             pipe.zrem(ACTIVE, txn_id)
             if extra is not None:
                 extra(pipe)
@@ -278,18 +290,18 @@ class WalStore:
     # -- recovery --------------------------------------------------------------------------
     def expired(self, now: float | None = None) -> list[str]:
         """Open transactions whose lease ran out."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         return [as_text(raw) for raw in self.r.zrangebyscore(ACTIVE, "-inf", now)]
 
     def is_live(self, txn_id: str, now: float | None = None) -> bool:
         """Whether the transaction is open with a lease that has not run out."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         lease = self.r.zscore(ACTIVE, txn_id)
         return lease is not None and float(lease) >= now
 
     def take_over(self, txn_id: str, owner: str, now: float | None = None) -> bool:
         """Make ``owner`` the owner of an orphaned transaction; False if it is alive or done."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
 
         def grab(pipe: redis.client.Pipeline) -> bool:
             txn = self._orphan(pipe, txn_id)
@@ -339,7 +351,7 @@ class WalStore:
 
     def summary(self, limit: int = 50) -> dict[str, Any]:
         """Open transactions with their lease left, for ``prewarm wal status``."""
-        now = time.time()
+        now = self.clock()
         rows = []
         listed = cast(
             list[tuple[bytes, float]], self.r.zrange(ACTIVE, 0, limit - 1, withscores=True)

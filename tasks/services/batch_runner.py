@@ -266,8 +266,9 @@ class BatchRunner:
             summary.update(state="rollback_pending", error=str(exc))
         return end.count(summary)
 
-    def sweep(self) -> list[str]:
-        """Roll back every transaction whose lease expired (the recovery sweep)."""
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Roll back every transaction whose lease expired by ``now`` (default: the WAL's
+        clock) — the recovery sweep."""
 
         def undo_for(engine_name: str) -> Any:
             # Resolved on first use: a transaction with nothing to undo on its engine rolls
@@ -278,4 +279,4 @@ class BatchRunner:
 
             return undo
 
-        return self.wal.sweep(undo_for)
+        return self.wal.sweep(undo_for, now)

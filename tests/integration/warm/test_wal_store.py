@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pipeline.errors import ConsistencyError, TransientError
@@ -39,12 +37,12 @@ def test_rollback_restores_before_images_with_ttl_and_is_idempotent(store):
         wal.finish(txn.txn_id, "w1", TxnState.COMMITTED)
 
 
-def test_a_taken_over_worker_can_write_nothing_more(store):
-    wal = WalStore(store, lease_s=1)
+def test_a_taken_over_worker_can_write_nothing_more(store, clock):
+    wal = WalStore(store, lease_s=1, clock=clock)
     txn = wal.begin("p", 0, "e", owner="slow-worker")
     wal.move(txn.txn_id, "slow-worker", TxnState.APPLYING)
     assert not wal.take_over(txn.txn_id, "sweeper")  # lease still live
-    time.sleep(1.1)
+    clock.advance(1.1)
     assert wal.take_over(txn.txn_id, "sweeper")
     assert not wal.renew(txn.txn_id, "slow-worker")
     with pytest.raises(LeaseLost):
@@ -56,10 +54,10 @@ def test_a_taken_over_worker_can_write_nothing_more(store):
     assert wal.summary()["open"] == 0
 
 
-def test_sweep_undoes_engine_effects_newest_first(store):
+def test_sweep_undoes_engine_effects_newest_first(store, clock):
     from pipeline.wal import Effect
 
-    wal = WalStore(store, lease_s=1)
+    wal = WalStore(store, lease_s=1, clock=clock)
     txn = wal.begin("p", 0, "e", owner="dead")
     wal.move(txn.txn_id, "dead", TxnState.APPLYING)
     wal.record(txn.txn_id, "dead", [Effect(0, "engine", "prime", "pfx", False)])
@@ -68,7 +66,7 @@ def test_sweep_undoes_engine_effects_newest_first(store):
         wal.record(
             txn.txn_id, "dead", [Effect(n + 1, "engine", "load_adapter", name, True, None, undo)]
         )
-    time.sleep(1.1)
+    clock.advance(1.1)
     undone: list[str] = []
     assert wal.sweep(lambda engine: lambda effect: undone.append(effect.undo["name"])) == [
         txn.txn_id
@@ -76,28 +74,28 @@ def test_sweep_undoes_engine_effects_newest_first(store):
     assert undone == ["b", "a"] and wal.sweep() == []
 
 
-def test_engine_semaphore_is_shared_and_holders_expire(store):
-    first = EngineSemaphore(store, "e", limit=2, hold_s=0.5)
-    other_process = EngineSemaphore(store, "e", limit=2, hold_s=0.5)
+def test_engine_semaphore_is_shared_and_holders_expire(store, clock):
+    first = EngineSemaphore(store, "e", limit=2, hold_s=0.5, clock=clock)
+    other_process = EngineSemaphore(store, "e", limit=2, hold_s=0.5, clock=clock)
     assert first.try_acquire("a") and other_process.try_acquire("b")
     assert not first.try_acquire("c")
     with pytest.raises(TransientError), other_process.slot(wait_s=0.1, holder="c"):
         pass
-    time.sleep(0.6)  # a and b died without releasing: their slots expire
+    clock.advance(0.6)  # a and b died without releasing: their slots expire
     with first.slot(wait_s=1.0, holder="c"):
         assert first.holders() == 1
     assert first.holders() == 0
 
 
-def test_sweep_rolls_back_a_batch_of_an_engine_no_longer_configured(store):
+def test_sweep_rolls_back_a_batch_of_an_engine_no_longer_configured(store, clock):
     from tasks.services.batch_runner import BatchRunner
     from tasks.settings import Settings
 
     settings = Settings.model_validate({"wal_lease_s": 1})  # no engines at all
-    wal = WalStore(store, lease_s=1)
+    wal = WalStore(store, lease_s=1, clock=clock)
     txn = wal.begin("p", 0, "retired-engine", owner="dead")
     wal.move(txn.txn_id, "dead", TxnState.APPLYING)
     wal.apply_redis(txn.txn_id, "dead", [RedisWrite("entry", "half-written")])
-    time.sleep(1.1)
-    assert BatchRunner(store, settings).sweep() == [txn.txn_id]
+    clock.advance(1.1)
+    assert BatchRunner(store, settings).sweep(now=clock()) == [txn.txn_id]
     assert store.get("entry") is None
