@@ -43,8 +43,9 @@ from pipeline.kv_holdings import ReplicaHoldings
 
 def record(seconds: float, out: Path, concurrency: int = 8) -> dict:
     """Keep a real vLLM busy for ``seconds``; write its PUB messages to ``out``; its rates."""
-    from benchmarks.engines.engine import SERVED_NAME, free_port
-    from tests.engines.kv_vllm import KvEventsVllmServer, prose
+    from benchmarks.engines.engine import SERVED_NAME
+    from benchmarks.engines.kv_vllm import KvEventsVllmServer, prose
+    from jobs.embedded import free_port
 
     work = Path(f"/tmp/prewarm-kv-bench-{int(time.time())}")
     server = KvEventsVllmServer(free_port(), work / "vllm.log", events_port=free_port(),

@@ -375,7 +375,8 @@ def engine_session(args: argparse.Namespace, workload: Workload) -> Iterator[Eng
     if args.engine_restarts <= 0:
         yield None
         return
-    from benchmarks.engines.engine import VllmServer, free_port, missing_prerequisites, vllm_model
+    from benchmarks.engines.engine import VllmServer, missing_prerequisites, vllm_model
+    from jobs.embedded import free_port
 
     missing = missing_prerequisites()
     if missing:

@@ -42,7 +42,8 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.engines.engine import free_port, wait_until_answers  # noqa: E402
+from benchmarks.engines.engine import wait_until_answers  # noqa: E402
+from jobs.embedded import free_port  # noqa: E402
 from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
 from tasks.adapters.targets.base import WarmOptions  # noqa: E402

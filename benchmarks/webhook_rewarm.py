@@ -30,12 +30,12 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import BROKER_URL, STORE_URL  # noqa: E402
+from benchmarks.stack import BROKER_URL, STORE_URL  # noqa: E402
 
 os.environ["PREWARM_REDIS_URL"] = BROKER_URL
 os.environ["PREWARM_STORE_URL"] = STORE_URL
 
-from tests.integration.rewarm_stack import REPO, Stack, rewarm_stack  # noqa: E402
+from benchmarks.rewarm_stack import REPO, Stack, rewarm_stack  # noqa: E402
 
 HEAD = "You are assistant number {n} of the Acme support desk. Answer briefly and politely, " * 2
 

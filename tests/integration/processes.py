@@ -1,22 +1,19 @@
-"""Helpers for tests that run prewarm's own commands as processes."""
+"""Helpers for tests that run prewarm's own commands as processes: the installed command,
+waiting for a server, pacing traffic by the loop's windows and waiting for the loop's own
+warm-ups. (Ports and worker processes: :mod:`jobs.embedded`.)"""
 
 from __future__ import annotations
 
+import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+import redis
 
 
 def prewarm_script() -> str:
@@ -35,3 +32,35 @@ def wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> 
             assert proc.poll() is None, f"process exited with {proc.returncode}"
             assert time.monotonic() < deadline, f"{url} did not answer in {timeout_s}s"
             time.sleep(0.2)
+
+
+def paced_windows(windows: int, window_s: float) -> Iterator[int]:
+    """Window numbers ``0 .. windows - 1``, one per ``window_s``: the caller sends a window's
+    traffic in the loop body, and the next number comes once that window has passed."""
+    for window in range(windows):
+        started = time.monotonic()
+        yield window
+        time.sleep(max(0.0, window_s - (time.monotonic() - started)))
+
+
+def wait_loop_warm(
+    store: redis.Redis, engine: str, reasons: tuple[str, ...], since: float, until: float
+) -> dict | None:
+    """The first warm-up the loop ran by itself on ``engine`` after ``since`` (unix seconds),
+    for one of ``reasons`` in that order of preference, once its plan is done — the loop's
+    outcome with the plan's ``report`` — or None when there is none by ``until``. Read from
+    the store only: nothing is asked of prewarm."""
+    from tasks.adapters.plan_store import PlanStore
+    from tasks.adapters.redis_keys import LOOP_LAST_PLANS
+
+    while time.time() < until:
+        for reason in reasons:
+            raw = store.hget(LOOP_LAST_PLANS.format(engine=engine), reason)
+            outcome = json.loads(raw) if raw else None
+            if not (outcome and outcome["started"] > since and outcome.get("plan_id")):
+                continue
+            report = PlanStore(store).report(outcome["plan_id"])
+            if report["done"]:
+                return {**outcome, "report": report}
+        time.sleep(0.5)
+    return None

@@ -7,8 +7,9 @@ import subprocess
 import httpx
 import pytest
 
+from jobs.embedded import free_port
 from tests.conftest import worker_env
-from tests.integration.processes import free_port, prewarm_script, wait_for_http
+from tests.integration.processes import prewarm_script, wait_for_http
 
 pytestmark = pytest.mark.integration
 

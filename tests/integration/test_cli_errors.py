@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from jobs.embedded import free_port
 from tests.conftest import SHARED_DATA
-from tests.integration.processes import free_port, prewarm_script
+from tests.integration.processes import prewarm_script
 
 pytestmark = pytest.mark.integration
 

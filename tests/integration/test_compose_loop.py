@@ -16,6 +16,7 @@ import redis
 
 from tasks.services.loop import window_start
 from tasks.settings import load_settings
+from tests.integration.processes import paced_windows, wait_loop_warm
 from tests.integration.test_compose import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -52,34 +53,14 @@ def send_traffic(url: str) -> Counter[tuple[int, bool]]:
     """A few windows of traffic: templates 0–7 over both endpoints in every window, 8 and 9
     once each. Returns requests per (template, chat)."""
     used: Counter[tuple[int, bool]] = Counter()
-    for window in range(WINDOWS_OF_TRAFFIC):
-        started = time.monotonic()
+    for window in paced_windows(WINDOWS_OF_TRAFFIC, WINDOW_S):
         for n in range(TEMPLATES):
             if n >= 8 and window > 0:
                 continue
             for chat in (True, False) if n < 8 else (n == 8,):
                 ask(url, n, f"Window {window}: what about order {n}-{window}?", chat)
                 used[(n, chat)] += 1
-        time.sleep(max(0.0, WINDOW_S - (time.monotonic() - started)))
     return used
-
-
-def wait_replica_warm(store: redis.Redis, since: float, until: float) -> dict | None:
-    """The replica warm-up the loop ran after ``since`` once its plan is done (None: not by
-    ``until``). Read from the store only — nothing is asked of prewarm."""
-    import json
-
-    from tasks.adapters.plan_store import PlanStore
-    from tasks.adapters.redis_keys import LOOP_LAST_PLANS
-
-    while time.time() < until:
-        raw = store.hget(LOOP_LAST_PLANS.format(engine="simulator"), "replica")
-        outcome = json.loads(raw) if raw else None
-        fresh = outcome and outcome["started"] > since and outcome.get("plan_id")
-        if fresh and PlanStore(store).report(outcome["plan_id"])["done"]:
-            return outcome
-        time.sleep(0.5)
-    return None
 
 
 def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
@@ -102,7 +83,7 @@ def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
         env = stack.services["beat"].env
         settings = load_settings(env)
         store = redis.Redis.from_url(settings.store_redis_url)
-        outcome = wait_replica_warm(store, restarted, deadline - 5)
+        outcome = wait_loop_warm(store, "simulator", ("replica",), restarted, deadline - 5)
         if outcome is None:  # say how far it got
             print("replica warm-up not done:", store.hget(
                 "pw:loop:simulator:plans", "replica"), flush=True)  # fmt: skip

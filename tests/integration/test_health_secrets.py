@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
-from tests.integration.processes import free_port, prewarm_script
+from tests.integration.processes import prewarm_script
 
 pytestmark = pytest.mark.integration
 SECRET = "hunter2-s3cret"
@@ -85,16 +86,15 @@ def test_control_character_in_a_command_line_url_is_one_line():
 
 
 def test_a_worker_never_logs_an_engine_password(sim, tmp_path, celery_app_configured):
+    from jobs.embedded import WorkerProcess
     from tasks.adapters.targets.base import WarmOptions
     from tasks.warm_tasks import submit_plan, wait_plan
-    from tests.conftest import WorkerProcess, worker_env
+    from tests.conftest import worker_env
     from tests.integration.warm.conftest import plan_of, prefix_item, settings_for, write_config
 
     config = write_config(tmp_path / "prewarm.toml", _with_credentials(sim.url))
     queue = f"secrets-{os.getpid()}"
-    worker = WorkerProcess(
-        tmp_path / "worker.log", env=worker_env({"PREWARM_CONFIG": str(config)}), queues=queue
-    )
+    worker = WorkerProcess(config, tmp_path / "worker.log", env=worker_env(), queues=queue)
     try:
         worker.wait_ready(120)
         plan = plan_of([prefix_item(n, "secret") for n in range(2)])

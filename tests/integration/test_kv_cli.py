@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from benchmarks.engines.engine import free_port
+from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from tasks.adapters.kv_state import KvStateStore
 from tests.conftest import BROKER_URL, STORE_URL

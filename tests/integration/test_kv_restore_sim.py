@@ -17,14 +17,14 @@ import httpx
 import pytest
 import redis
 
-from benchmarks.engines.engine import free_port
+from jobs.embedded import WorkerProcess, free_port
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from tasks.adapters import telemetry
 from tasks.adapters.kv_state import KvStateStore, read_counts
 from tasks.services.kv_follow import FollowReport, KvSource, follow
 from tasks.settings import load_settings
 from tasks.warm_tasks import batch_results, submitter, wait_plan
-from tests.conftest import BROKER_URL, STORE_URL, WorkerProcess, worker_env
+from tests.conftest import BROKER_URL, STORE_URL, worker_env
 
 pytestmark = pytest.mark.integration
 QUEUE = "kv-restore-test"
@@ -81,8 +81,7 @@ def test_a_restarted_engine_is_restored_from_its_events_alone(
         report.__dict__.update(follow(source, settings, store, submit=submit, stop=stop,
                                       probe_s=1.0).__dict__)  # fmt: skip
 
-    worker = WorkerProcess(tmp_path / "worker.log", env=worker_env({"PREWARM_CONFIG": str(config)}),
-                           queues=QUEUE)  # fmt: skip
+    worker = WorkerProcess(config, tmp_path / "worker.log", env=worker_env(), queues=QUEUE)
     follower = threading.Thread(target=run, daemon=True)
     follower.start()
     state = KvStateStore(store, "sim")

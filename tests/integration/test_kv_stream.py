@@ -15,7 +15,7 @@ import httpx
 import pytest
 import zmq
 
-from benchmarks.engines.engine import free_port
+from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.kv_events import BlockStored, encode_sequence
 from pipeline.kv_holdings import ReplicaHoldings

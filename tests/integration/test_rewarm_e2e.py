@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from benchmarks.rewarm_stack import REPO, rewarm_stack
 from tasks.adapters.template_serving import serving
-from tests.integration.rewarm_stack import REPO, rewarm_stack
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,8 @@ import subprocess
 import httpx
 import pytest
 
-from tests.integration.processes import free_port, prewarm_script, wait_for_http
+from jobs.embedded import free_port
+from tests.integration.processes import prewarm_script, wait_for_http
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 import redis
 
+from jobs.embedded import serve_app
 from jobs.webhooks import webhook_app
 from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import Settings, TemplateRepoSettings
-from tests.integration.http_server import serve
 
 pytestmark = pytest.mark.integration
 
@@ -193,7 +193,7 @@ def _receiver(broker_url: str, store_url: str, max_body: int) -> Iterator[Receiv
 
     app = webhook_app(settings=_settings(), store=store, enqueue=enqueue, max_body=max_body)
     broker = redis.Redis.from_url(broker_url)
-    with serve(app) as url:
+    with serve_app(app) as url:
         yield Receiver(url, broker, store, queue)
     broker.delete(queue)
 
@@ -387,7 +387,7 @@ def test_the_api_service_mounts_the_webhooks_and_counts_deliveries(
     from jobs.api import build_api
 
     body = json.dumps(github_push()).encode()
-    with serve(build_api()) as url:
+    with serve_app(build_api()) as url:
         unsigned = httpx.post(
             f"{url}/webhooks/github", content=body, headers={"X-GitHub-Event": "push"}
         )
@@ -470,7 +470,7 @@ def test_an_unexpected_failure_is_answered_500_and_counted(celery_app_configured
     app = webhook_app(settings=_settings(), store=store, enqueue=enqueue, max_body=MAX_BODY)
     body = json.dumps(github_push()).encode()
     counted = _counted("github", 500)
-    with serve(app) as url:
+    with serve_app(app) as url:
         response = httpx.post(f"{url}/webhooks/github", content=body, headers=github_headers(body))
     assert response.status_code == 500 and "broker exploded" not in response.text
     assert _counted("github", 500) == counted + 1

@@ -22,13 +22,14 @@ import psutil
 import pytest
 import redis
 
+from jobs.embedded import WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from pipeline.keys import decode_value
 from pipeline.planner.plan import WarmPlan
 from tasks.adapters.targets.base import WarmOptions
 from tasks.settings import Settings
 from tasks.warm_tasks import recover_and_resume, submit_plan, wait_plan
-from tests.conftest import WorkerProcess, worker_env
+from tests.conftest import worker_env
 from tests.integration.warm.conftest import (
     MODEL,
     plan_of,
@@ -110,9 +111,8 @@ class Workers:
         self.alive: list[WorkerProcess] = []
 
     def start(self, wait: bool = True) -> WorkerProcess:
-        env = worker_env({"PREWARM_CONFIG": str(self.config)})
         log = self.logs / f"worker-{len(list(self.logs.iterdir()))}.log"
-        worker = WorkerProcess(log, env=env, concurrency=1, queues=self.queue)
+        worker = WorkerProcess(self.config, log, 1, env=worker_env(), queues=self.queue)
         self.alive.append(worker)
         if wait:
             worker.wait_ready(120)

@@ -27,8 +27,9 @@ import zmq
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engines.engine import SERVED_NAME, free_port, vllm_python  # noqa: E402 (run as a script: sys.path first)
-from tests.engines.kv_vllm import KvEventsVllmServer, prose  # noqa: E402 (run as a script: sys.path first)
+from benchmarks.engines.engine import SERVED_NAME, vllm_python  # noqa: E402 (run as a script: sys.path first)
+from benchmarks.engines.kv_vllm import KvEventsVllmServer, prose  # noqa: E402 (run as a script: sys.path first)
+from jobs.embedded import free_port  # noqa: E402 (run as a script: sys.path first)
 
 HERE = Path(__file__).resolve().parent
 

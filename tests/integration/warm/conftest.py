@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from jobs.embedded import WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
 from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id
 from tasks.settings import Settings, load_settings
-from tests.conftest import BROKER_URL, STORE_URL, WorkerProcess, worker_env
+from tests.conftest import BROKER_URL, STORE_URL, worker_env
 
 ADAPTERS = [f"lora-{n}" for n in range(24)]
 MODEL = "sim-llm"
@@ -40,8 +41,7 @@ def settings_for(config: Path) -> Settings:
 
 
 def start_worker(log: Path, config: Path, queue: str, concurrency: int = 2) -> WorkerProcess:
-    env = worker_env({"PREWARM_CONFIG": str(config)})
-    worker = WorkerProcess(log, env=env, concurrency=concurrency, queues=queue)
+    worker = WorkerProcess(config, log, concurrency, env=worker_env(), queues=queue)
     worker.wait_ready()
     return worker
 

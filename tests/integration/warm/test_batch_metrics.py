@@ -150,7 +150,7 @@ def test_the_writer_thread_writes_a_batch_without_being_asked(store):
 def test_metrics_a_failed_write_kept_are_written_with_the_next(store):
     import redis
 
-    from tests.integration.processes import free_port
+    from jobs.embedded import free_port
 
     down = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
     summary = {"state": "committed", "items": 2, "ok": 2, "failed": 0, "batch": 0}

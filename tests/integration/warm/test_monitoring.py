@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from jobs.embedded import free_port
 from pipeline.triggers import REPLICA_RESTARTED, TriggerEvent
 from tasks.adapters import telemetry
 from tasks.adapters.cooldowns import cooldown_allows
@@ -28,7 +29,7 @@ from tasks.settings import METRICS_FLUSH_S
 from tasks.warm_tasks import recover, submit_plan, wait_plan
 from tests.conftest import worker_env
 from tests.integration.debian_tools import tool
-from tests.integration.processes import free_port, prewarm_script, wait_for_http
+from tests.integration.processes import prewarm_script, wait_for_http
 from tests.integration.warm.conftest import plan_of, prefix_item
 
 pytestmark = pytest.mark.integration

