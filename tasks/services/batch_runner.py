@@ -193,8 +193,6 @@ class BatchRunner:
             semaphore.slot(wait_s=max(60.0, lease), holder=owner),
         ):
             renewals.append(lambda: semaphore.renew(owner))
-            if not options.use_wal:
-                return self._run_plain(end, batch, ctx, started)
             txn = self.wal.begin(
                 plan_id, batch, engine.name, owner,
                 extra=lambda pipe, txn_id: self.plans.set_txn(plan_id, batch, txn_id, pipe),
@@ -202,21 +200,6 @@ class BatchRunner:
             ctx.wal, ctx.txn_id, ctx.owner = self.wal, txn.txn_id, owner
             renewals.append(lambda: self.wal.renew(txn.txn_id, owner))
             return self._transaction(end, batch, ctx, started)
-
-    def _run_plain(
-        self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float
-    ) -> dict[str, Any]:
-        items = end.items
-        results = [
-            r for chunk in _chunks(items, ctx.options.apply_chunk) for r in apply_items(chunk, ctx)
-        ]
-        if ctx.options.verify:
-            verify_items(*confirmed_by_events(items, results, ctx), ctx)
-        summary = _summary(end.plan_id, batch, ctx, "committed", results, started)
-        with self.store.pipeline() as pipe:
-            end.queue(pipe, summary)
-            pipe.execute()
-        return end.count(summary)
 
     def _transaction(
         self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float

@@ -36,7 +36,6 @@ class WarmOptions:
     ttft_drop: float = 0.3
     prompts_per_request: int = 32  # text prefixes primed per /v1/completions request
     min_cached_share: float = 0.5  # of a probed group's prompt tokens that must be cached
-    use_wal: bool = True
     ordered: bool = False
 
     @classmethod
