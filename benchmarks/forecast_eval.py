@@ -25,7 +25,10 @@ gives the Mooncake counts the optional timing columns (within-window recency, ch
 Usage::
 
     python benchmarks/forecast_eval.py [--only mooncake-5min|mooncake-1min|servegen] [--timing]
-        [--json F]
+        [--json F] [--smoke]
+
+``--smoke`` runs the ``mooncake-5min`` case on the trace's first ``SMOKE_MINUTES`` minutes only
+(a few windows): seconds, as the test suite does; its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -60,10 +63,18 @@ CASES = {
 }
 
 
-def counts_for(case: str, window: str, timing: bool = False) -> pd.DataFrame:
-    """The counts table of one case."""
+#: minutes of the Mooncake trace a ``--smoke`` run reads (six 5-minute windows)
+SMOKE_MINUTES = 30
+
+
+def counts_for(
+    case: str, window: str, timing: bool = False, minutes: float | None = None
+) -> pd.DataFrame:
+    """The counts table of one case (of the Mooncake trace's first ``minutes``, if given)."""
     if case.startswith("mooncake"):
         records = read_mooncake(TRACES / "conversation_trace.jsonl")
+        if minutes is not None:
+            records = records[records["ts"] < records["ts"].min() + pd.Timedelta(minutes=minutes)]
         return item_window_counts(records, window, timing=timing)
     return read_servegen(TRACES / "servegen" / "m-large")
 
@@ -98,10 +109,12 @@ def fit_seconds(matrix: CountMatrix, model: HotnessForecaster) -> float:
     return time.perf_counter() - started
 
 
-def run_case(case: str, console: Console, timing: bool = False) -> dict[str, object]:
+def run_case(
+    case: str, console: Console, timing: bool = False, minutes: float | None = None
+) -> dict[str, object]:
     """Evaluate one case, print its table, and return it as JSON-ready values."""
     window, budgets, refit_every, first_t = CASES[case]
-    counts = counts_for(case, window, timing)
+    counts = counts_for(case, window, timing, minutes)
     matrix = CountMatrix.from_counts(counts)
     models = standard_models(budgets=budgets)
     if case == "servegen":
@@ -173,15 +186,18 @@ def print_done_when(console: Console, rows: list[dict[str, object]]) -> None:
     console.print(out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the cases and print their tables."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", choices=sorted(CASES), action="append")
     parser.add_argument("--json", type=Path, help="Also write the tables here.")
     parser.add_argument("--timing", action="store_true", help="Mooncake counts with timing.")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a few windows of one case")
+    args = parser.parse_args(argv)
+    minutes = SMOKE_MINUTES if args.smoke else None
+    cases = ["mooncake-5min"] if args.smoke else (args.only or list(CASES))
     console = Console(width=140)
-    results = [run_case(case, console, args.timing) for case in (args.only or list(CASES))]
+    results = [run_case(case, console, args.timing, minutes) for case in cases]
     rows = [
         row
         for result in results

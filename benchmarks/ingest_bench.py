@@ -21,6 +21,8 @@ Prints one JSON report (MB/s, lines/s, records/s, peak MB, ratio to grep, load a
 deletes the generated data. Usage::
 
     python benchmarks/ingest_bench.py --size-mb 1024 --workers 2
+
+``--smoke`` ingests 1 MB of each format with one worker: seconds, as the test suite does.
 """
 
 from __future__ import annotations
@@ -184,14 +186,17 @@ def _positive(text: str) -> int:
     return count
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--formats", default="vllm,tgi")
     parser.add_argument("--tmp", default=None, help="folder for the generated data")
     parser.add_argument("--runs", type=_positive, default=1, help="timed runs (the fastest counts)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="1 MB per format, one worker")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.size_mb, args.workers, args.runs = 1, 1, 1
     free = shutil.disk_usage(args.tmp or tempfile.gettempdir()).free
     if free < 3.2 * args.size_mb * 2**20:  # (a run's output is removed before the next)
         raise SystemExit(f"need {3.2 * args.size_mb:.0f} MB free, have {free / 2**20:.0f} MB")

@@ -20,6 +20,9 @@ Run (the vLLM part under the engine lock)::
         --stream tests/data/kv-events/vllm-0.32.0-cpu-busy.frames.msgpack
     python -m benchmarks.kv_decode_bench \\
         --stream tests/data/kv-events/vllm-0.32.0-cpu-busy.frames.msgpack
+
+``--smoke`` decodes the small capture the tests read (``SMOKE_STREAM``) for a tenth of a second
+per run, with no vLLM: what the test suite runs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ import zmq
 
 from pipeline.kv_events import KvEventDecoder
 from pipeline.kv_holdings import ReplicaHoldings
+
+#: the small stream the tests read (a quiet vLLM CPU run), for ``--smoke``
+SMOKE_STREAM = (
+    Path(__file__).resolve().parents[1] / "tests/data/kv-events/vllm-0.32.0-cpu.frames.msgpack"
+)
 
 
 def record(seconds: float, out: Path, concurrency: int = 8) -> dict:
@@ -126,12 +134,17 @@ def decode_rate(frames: list[list[bytes]], seconds: float, apply: bool) -> dict:
             "rejects": dict(decoder.rejects)}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stream", type=Path, required=True, help="recorded frames (msgpack)")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--stream", type=Path, help="recorded frames (msgpack)")
     parser.add_argument("--record", type=float, help="record a busy real vLLM for S seconds first")
     parser.add_argument("--seconds", type=float, default=5.0, help="CPU seconds per decode run")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the small capture, no vLLM")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.stream, args.record, args.seconds = args.stream or SMOKE_STREAM, None, 0.1
+    if args.stream is None:
+        parser.error("--stream is required")
     published = record(args.record, args.stream) if args.record else None
     frames = load(args.stream)
     rate = published or stream_rate(frames)

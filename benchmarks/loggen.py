@@ -6,11 +6,22 @@ requests carry a chat-template prompt, completions a prompt and its token ids. T
 (``LOG_COLORIZE=1``): ``Success`` events with quoted ``GenerateParameters`` and timings, plus
 validation and overload errors. Prompts combine 8 system prompts with drawn user messages, so
 some prefixes repeat and most tails do not — as in real traffic.
+
+As a command, it writes logs of ``--size-mb`` into ``--out`` and reports lines, bytes and MB/s
+of generation::
+
+    python benchmarks/loggen.py [--formats vllm,tgi] [--size-mb 64] [--out DIR] [--smoke]
+
+``--smoke`` writes 256 KB of each format into a temporary folder: what the test suite runs.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,3 +181,34 @@ def write_log(path: Path, lines: Iterator[str], size_bytes: int) -> int:
                 if written >= size_bytes:
                     break
     return count
+
+
+LINES = {"vllm": vllm_lines, "tgi": tgi_lines}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--formats", default="vllm,tgi")
+    parser.add_argument("--size-mb", type=float, default=64.0)
+    parser.add_argument("--out", type=Path, help="folder for the logs (default: a temporary one)")
+    parser.add_argument("--smoke", action="store_true", help="256 KB per format")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.size_mb = 0.25
+    with tempfile.TemporaryDirectory(prefix="prewarm-loggen-") as tmp:
+        folder = args.out or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        report = {}
+        for kind in args.formats.split(","):
+            path = folder / f"{kind}.log"
+            started = time.perf_counter()
+            lines = write_log(path, LINES[kind](), int(args.size_mb * 2**20))
+            seconds = time.perf_counter() - started
+            size = path.stat().st_size
+            report[kind] = {"path": str(path), "lines": lines, "bytes": size,
+                            "mb_per_s": round(size / 2**20 / seconds, 1)}  # fmt: skip
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -30,8 +30,10 @@ Usage::
 
     python benchmarks/metrics_cost.py [--part scrape|throughput|runner|both] [--engines 2]
         [--items 4000] [--per-item 400] [--batch-size 64] [--repeats 3]
-        [--redis redis://127.0.0.1:6379] [--db 10]
+        [--redis redis://127.0.0.1:6379] [--db 10] [--days 7] [--smoke]
 
+``--smoke`` runs the scrape and the runner parts at tiny sizes (six hours of one engine's
+telemetry, three scrapes, plans of a few dozen items, once): seconds, as the test suite does.
 Uses Redis databases ``db`` (broker) and ``db + 1`` (store), flushing both.
 """
 
@@ -65,20 +67,22 @@ from tasks import settings as settings_module  # noqa: E402
 from tasks.adapters import telemetry  # noqa: E402
 from tasks.adapters.targets.base import WarmOptions  # noqa: E402
 
-WEEK_S = 7 * 86400
+DAY_S = 86400
 WINDOW_S = 300
 NO_TELEMETRY = "--worker-without-telemetry"
 
 
 # -- scrape --------------------------------------------------------------------------------
 def fill_week(store: redis.Redis, engine: str, args: argparse.Namespace, end: float) -> int:
-    """A week of ``engine``'s telemetry ending at ``end``; returns the events written."""
+    """``args.days`` (a week) of ``engine``'s telemetry ending at ``end``; returns the events
+    written."""
     rng = random.Random(engine)
     pool = [f"{engine}-prefix-{n}" for n in range(args.pool)]
     hits = queries = 0.0
     events = 0
-    start = end - WEEK_S
-    for step in range(int(WEEK_S / args.watch_s)):
+    span_s = args.days * DAY_S
+    start = end - span_s
+    for step in range(int(span_s / args.watch_s)):
         now = start + step * args.watch_s
         queries += 5000
         hits += 5000 * rng.uniform(0.5, 0.95)
@@ -146,7 +150,7 @@ def measure_scrape(args: argparse.Namespace, broker: str, store_url: str) -> dic
     }  # fmt: skip
     print(json.dumps(out), flush=True)
     started = time.perf_counter()
-    html = render(load(store, "engine-0", end - WEEK_S, end))
+    html = render(load(store, "engine-0", end - args.days * DAY_S, end))
     return {**out, "report_s_week": round(time.perf_counter() - started, 2),
             "report_bytes": len(html)}  # fmt: skip
 
@@ -212,7 +216,7 @@ def run_once(
     n: int, batch_size: int, queue: str, on: bool, settings: Any, worker: Any
 ) -> tuple[float, float]:
     """(items per wall second, items per worker CPU second) for one plan of ``n`` items."""
-    from tasks.warm_tasks import plan_report, submit_plan
+    from tasks.warm_tasks import submit_plan, wait_plan
 
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
@@ -221,8 +225,7 @@ def run_once(
     with telemetry_arm(on):  # the submitting side's record_plan
         plan_id = submit_plan(plan, settings=settings, options=WarmOptions(batch_size=batch_size),
                               queue=queue)  # fmt: skip
-    while not (report := plan_report(plan_id, settings=settings))["done"]:
-        time.sleep(0.05)
+    report = wait_plan(plan_id, 600, settings=settings, poll_s=0.05)
     elapsed = time.perf_counter() - started
     cpu = sum(worker.cpu_times()[:2]) - cpu_before
     if report["items_ok"] != n:
@@ -342,7 +345,7 @@ def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dic
         settings = Settings(redis_url=broker, store_url=store_url, engines=(engine,))
         shapes = {"batched": (args.items, args.batch_size), "per item": (args.per_item, 1)}
         for on in (True, False):  # warm-up: imports, connections
-            run_plan_here(store, settings, 200, args.batch_size, on)
+            run_plan_here(store, settings, min(args.items, 200), args.batch_size, on)
         samples: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
         for repeat in range(args.repeats):  # paired, in ABBA order: drift hits both arms alike
             for shape, (n, size) in shapes.items():
@@ -367,8 +370,8 @@ def measure_runner(args: argparse.Namespace, broker: str, store_url: str) -> dic
     }  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--part", choices=("scrape", "throughput", "runner", "both"),
                         default="both", help="both: scrape and throughput")  # fmt: skip
     parser.add_argument("--engines", type=int, default=2)
@@ -382,13 +385,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
     parser.add_argument("--db", type=int, default=10)
-    args = parser.parse_args()
+    parser.add_argument("--days", type=float, default=7.0, help="telemetry history to scrape")
+    parser.add_argument("--smoke", action="store_true", help="scrape and runner, tiny sizes")
+    args = parser.parse_args(argv)
+    chosen = {"both": {"scrape", "throughput"}}.get(args.part, {args.part})
+    if args.smoke:
+        chosen, args.part = {"scrape", "runner"}, "scrape+runner"
+        args.engines, args.days, args.watch_s, args.plan_items, args.pool = 1, 0.25, 60.0, 5, 50
+        args.scrapes, args.items, args.per_item, args.batch_size, args.repeats = 3, 64, 4, 32, 1
     broker, store_url = f"{args.redis}/{args.db}", f"{args.redis}/{args.db + 1}"
     results: dict[str, Any] = {"args": vars(args)}
     parts = (("scrape", measure_scrape), ("throughput", measure_throughput),
              ("runner", measure_runner))  # fmt: skip
     for part, measure in parts:
-        if args.part == part or (args.part == "both" and part != "runner"):
+        if part in chosen:
             for url in (broker, store_url):
                 redis.Redis.from_url(url).flushdb()
             results[part] = measure(args, broker, store_url)

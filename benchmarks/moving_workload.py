@@ -46,7 +46,10 @@ Metrics, over the restarts: first uses served from cache (a template's first
 request in window ``R`` finds its head cached) and prefill tokens saved in window ``R`` against
 the cold start; each arm's first-use hits also as a share of the peeking arm's. Usage::
 
-    python benchmarks/moving_workload.py [--clients DIR] [--restarts 200] [--json F]
+    python benchmarks/moving_workload.py [--clients DIR] [--restarts 200] [--json F] [--smoke]
+
+``--smoke`` runs tiny sizes (6 templates, 3 restarts after no downtime, one selection): seconds,
+as the test suite does.
 """
 
 from __future__ import annotations
@@ -517,7 +520,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--engine-log", default="/tmp/prewarm-moving-vllm.log")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.templates, args.restarts, args.downtimes, args.refit_days = 6, 3, [0], 7
     if not args.clients.is_dir():
         parser.error(f"--clients {args.clients}: not a folder")
     results = run(args)

@@ -11,6 +11,10 @@ has all three)::
     /work/vllm-venv/bin/python benchmarks/engines/build_model.py /work/engine-model
 
 Same interpreter, same output: file order is sorted and the corpus is capped by size.
+
+``--smoke`` builds a much smaller one (a 1,024-token vocabulary from 400 KB of sources, two
+layers of width 64) in seconds, as the test suite does; its tokenizer files serve the pure parts
+of the engine benchmarks (:mod:`benchmarks.engines.cache_model`).
 """
 
 from __future__ import annotations
@@ -56,7 +60,15 @@ def corpus_lines(files: list[Path]) -> Iterator[str]:
         yield path.read_text(encoding="utf-8", errors="replace")
 
 
-def train_tokenizer(files: list[Path]):  # -> PreTrainedTokenizerFast
+#: what ``--smoke`` builds instead: corpus bytes, vocabulary, and the model's shape
+SMOKE_CORPUS_BYTES, SMOKE_VOCAB = 400_000, 1024
+SMOKE_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
+FULL_SHAPE = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
+              "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+
+
+def train_tokenizer(files: list[Path], vocab_size: int = VOCAB_SIZE):  # -> PreTrainedTokenizerFast
     """A byte-level BPE tokenizer with a BOS post-processor and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -65,7 +77,7 @@ def train_tokenizer(files: list[Path]):  # -> PreTrainedTokenizerFast
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
@@ -88,36 +100,34 @@ def train_tokenizer(files: list[Path]):  # -> PreTrainedTokenizerFast
     return tokenizer
 
 
-def build_model(tokenizer):  # -> LlamaForCausalLM
-    """A randomly initialised fp32 Llama with seed 0 (about 32M parameters)."""
+def build_model(tokenizer, shape: dict[str, int] | None = None):  # -> LlamaForCausalLM
+    """A randomly initialised fp32 Llama with seed 0 (about 32M parameters with the full
+    shape)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         dtype="float32",
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
         max_position_embeddings=MAX_POSITIONS,
+        **(shape or FULL_SHAPE),
     )
     # torch's default dtype is float32, so the weights are created (and saved) in fp32.
     return LlamaForCausalLM(config)
 
 
-def build(out: Path) -> dict[str, object]:
-    """Write model and tokenizer into ``out``; return a short summary."""
+def build(out: Path, smoke: bool = False) -> dict[str, object]:
+    """Write model and tokenizer (the small ones with ``smoke``) into ``out``; return a short
+    summary."""
     started = time.monotonic()
-    files = corpus_files()
-    tokenizer = train_tokenizer(files)
-    model = build_model(tokenizer)
+    files = corpus_files(SMOKE_CORPUS_BYTES if smoke else CORPUS_BYTES)
+    tokenizer = train_tokenizer(files, SMOKE_VOCAB if smoke else VOCAB_SIZE)
+    model = build_model(tokenizer, SMOKE_SHAPE if smoke else FULL_SHAPE)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -130,11 +140,12 @@ def build(out: Path) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help="output directory")
-    args = parser.parse_args()
-    print(json.dumps(build(args.out)))
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, in seconds")
+    args = parser.parse_args(argv)
+    print(json.dumps(build(args.out, smoke=args.smoke)))
 
 
 if __name__ == "__main__":

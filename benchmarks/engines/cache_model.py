@@ -29,6 +29,9 @@ Futures: the workload's own future, plus ``--futures`` more drawn from the same 
 history stays the one the engine logged). Usage (needs only the model's tokenizer files)::
 
     python -m benchmarks.engines.cache_model --seeds 8 --futures 12
+
+``--smoke`` runs one seed, one extra future and a short history and future (seconds), as the
+test suite does, with the tokenizer of ``build_model.py --smoke``.
 """
 
 from __future__ import annotations
@@ -417,7 +420,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--history", type=int, default=128)
     parser.add_argument("--future", type=int, default=48)
     parser.add_argument("--json", action="store_true", help="the whole result as JSON")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.futures, args.history, args.future = 1, 1, 16, 8
     result = evaluate(args.seeds, args.futures, args.search, blocks=args.blocks,
                       n_history=args.history, n_future=args.future)  # fmt: skip
     print(json.dumps(result, indent=1) if args.json else table(result))
