@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.vllm import ENGINE_SUFFIX
+from pipeline.ingest.vllm.requests import ENGINE_SUFFIX
 from pipeline.records import arrow_hashes, conform_records, listed_hashes
 
 #: statuses that end a request; a later "ok" never overrides them

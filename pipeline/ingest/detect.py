@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.ingest import formats, line_prefixes
-from pipeline.ingest.lines import read_head
-from pipeline.ingest.vllm import ANSI
+from pipeline.ingest.lines import ANSI, read_head
 
 SAMPLE_LINES = 200
 HEAD_BYTES = 256 << 10

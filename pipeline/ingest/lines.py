@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -33,6 +34,8 @@ from pipeline.ingest import line_prefixes
 from pipeline.ingest.compressed import DAMAGE, codec_of, damaged, decompressed_blocks
 from pipeline.ingest.summary import TOO_LONG, Rejects
 
+#: a colour code (ANSI SGR) as engines print them around their envelopes
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: bytes read per system call and parsed as one block: the column-wise readers cost a few
 #: dozen Arrow calls and frames a block (8 MiB: ~8% less parsing than 4 MiB on TGI logs)
 BLOCK_BYTES = 8 << 20

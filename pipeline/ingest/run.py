@@ -37,7 +37,7 @@ from pipeline.ingest.finish import (
     stored_tables,
     write_table_part,
 )
-from pipeline.ingest.formats import FileFacts, LogFormat
+from pipeline.ingest.formats import FileFacts, LogFormat, Piece
 from pipeline.ingest.lines import LineReader, read_head
 from pipeline.ingest.options import IngestOptions
 from pipeline.ingest.parse import (
@@ -402,7 +402,7 @@ class FileAssembly:
             rows
         )
         frame = heads_frame([fmt.orphan(row) for row in rows], text_ts=True)
-        frame["ts"] = fmt.resolve_ts(frame, self.chunks[0], facts, 0, self.options)
+        frame["ts"] = fmt.resolve_ts(frame, Piece(self.chunks[0], facts, 0, self.options))
         records = fmt.finalize(frame, facts.without_cap(), self.options)
         self.summary.records += len(records)
         sink.add_records(records)

@@ -18,6 +18,7 @@ from pipeline.ingest.formats.base import (
     FileFacts,
     InputFormat,
     LogFormat,
+    Piece,
     Registry,
     TraceFormat,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "FileFacts",
     "InputFormat",
     "LogFormat",
+    "Piece",
     "TraceFormat",
     "all_formats",
     "get",

@@ -44,6 +44,17 @@ class FileFacts:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """One parsed piece of a log as its rows' times are resolved: what its parser read, the
+    file-wide facts, its index among the file's pieces and the run's options."""
+
+    chunk: ChunkResult
+    facts: FileFacts
+    index: int
+    options: IngestOptions
+
+
+@dataclass(frozen=True)
 class InputFormat:
     """A file format: its name (``--format``), detection and the records' ``source``."""
 
@@ -89,15 +100,8 @@ class LogFormat(InputFormat):
         """The file-wide facts once every piece is parsed."""
         return FileFacts()
 
-    def resolve_ts(
-        self,
-        frame: pd.DataFrame,
-        chunk: ChunkResult,
-        facts: FileFacts,
-        index: int,
-        options: IngestOptions,
-    ) -> pd.Series:
-        """UTC arrival times of piece ``index``'s rows (``ts`` as the log printed it)."""
+    def resolve_ts(self, frame: pd.DataFrame, piece: Piece) -> pd.Series:
+        """UTC arrival times of ``piece``'s rows (``ts`` as the log printed it)."""
         raise NotImplementedError
 
     def finalize(

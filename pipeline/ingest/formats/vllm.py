@@ -1,5 +1,5 @@
 """vLLM logs, v0.4 to current (FORMATS.md section 1): the parser is
-:class:`pipeline.ingest.vllm.VllmChunkParser`.
+:class:`pipeline.ingest.vllm.parser.VllmChunkParser`.
 
 Timestamps are ``MM-DD HH:MM:SS`` in the container's zone with no year: the file's year comes
 from ``--year`` or the modification time, a month that falls back by more than six months
@@ -22,10 +22,10 @@ import pyarrow.compute as pc
 
 from pipeline.ingest.assemble import finalize_log_records
 from pipeline.ingest.chunk import ChunkResult
-from pipeline.ingest.formats.base import ChunkParser, FileFacts, LogFormat
+from pipeline.ingest.formats.base import ChunkParser, FileFacts, LogFormat, Piece
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.vllm import VllmChunkParser
-from pipeline.ingest.vllm_fields import endpoint_of
+from pipeline.ingest.vllm.fields import endpoint_of
+from pipeline.ingest.vllm.parser import VllmChunkParser
 from pipeline.records import arrow_hashes, hashes_column
 
 _LINE = re.compile(
@@ -113,9 +113,9 @@ def detect_cap(chunks: Sequence[ChunkResult], options: IngestOptions) -> int | N
 
     vLLM cuts a prompt to N characters and its token ids to N ids (FORMATS.md 1.3), so a cap
     N shows as prompts of N characters with N ids whose text is too short for that many
-    tokens (:func:`pipeline.ingest.vllm.cut_looking`), and nothing in the file is longer: a
-    prompt of more than N characters, or a list of more than N ids, refutes it. Only the
-    longest prompt length can therefore be the cap, and only when evidence names it.
+    tokens (:func:`pipeline.ingest.vllm.request_lines.cut_looking`), and nothing in the file
+    is longer: a prompt of more than N characters, or a list of more than N ids, refutes it.
+    Only the longest prompt length can therefore be the cap, and only when evidence names it.
     """
     if options.max_log_len is not None:
         return options.max_log_len
@@ -197,17 +197,9 @@ class VllmFormat(LogFormat):
         cap, cap_notes = cap_facts(chunks, options)
         return FileFacts(tuple(bases), cap, (*notes, *cap_notes))
 
-    def resolve_ts(
-        self,
-        frame: pd.DataFrame,
-        chunk: ChunkResult,
-        facts: FileFacts,
-        index: int,
-        options: IngestOptions,
-    ) -> pd.Series:
-        return resolve_vllm_ts(
-            frame["ts"], frame["_line"], chunk, facts.year_bases[index], options.tz
-        )
+    def resolve_ts(self, frame: pd.DataFrame, piece: Piece) -> pd.Series:
+        year = piece.facts.year_bases[piece.index]
+        return resolve_vllm_ts(frame["ts"], frame["_line"], piece.chunk, year, piece.options.tz)
 
     def finalize(
         self, frame: pd.DataFrame, facts: FileFacts, options: IngestOptions

@@ -4,7 +4,7 @@ oteljson.py``, newest main, opt-in): one JSON object a line, ``timestamp`` (UTC,
 envelope), ``logger``, ``service.name`` and, where they apply, ``exception``, ``trace_id``,
 ``span_id``.
 
-The body is read by :class:`pipeline.ingest.vllm.VllmChunkParser` as the text form's message
+The body is read by :class:`pipeline.ingest.vllm.parser.VllmChunkParser` as the text form's message
 is: the same joins, fields and ``--max-log-len`` detection. The time is the record's own, with
 its year and zone: nothing is assumed. uvicorn's lines (``logger`` ``uvicorn.*``) carry an
 access line's text without its level prefix.
@@ -20,10 +20,11 @@ import msgspec
 import pandas as pd
 
 from pipeline.ingest.chunk import ChunkResult
-from pipeline.ingest.formats.base import ChunkParser, FileFacts
+from pipeline.ingest.formats.base import ChunkParser, FileFacts, Piece
 from pipeline.ingest.formats.vllm import VllmFormat, cap_facts
 from pipeline.ingest.options import IngestOptions
-from pipeline.ingest.vllm import BLANK, VllmChunkParser
+from pipeline.ingest.vllm.envelope import BLANK
+from pipeline.ingest.vllm.parser import VllmChunkParser
 
 #: the OTel severity texts vLLM writes, as the text form's level names
 LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARN": "WARNING", "ERROR": "ERROR",
@@ -62,7 +63,6 @@ class VllmOtelChunkParser(VllmChunkParser):
 
     def feed(self, first_line: int, lines: Sequence[str]) -> None:
         for line_no, line in enumerate(lines, first_line):
-            self.line_no = line_no
             entry = entry_of(line)
             level = LEVELS.get(entry.severity_text) if entry is not None else None
             if entry is None or level is None:
@@ -105,14 +105,7 @@ class VllmOtelJsonFormat(VllmFormat):
         cap, notes = cap_facts(chunks, options)
         return FileFacts((), cap, notes)
 
-    def resolve_ts(
-        self,
-        frame: pd.DataFrame,
-        chunk: ChunkResult,
-        facts: FileFacts,
-        index: int,
-        options: IngestOptions,
-    ) -> pd.Series:
+    def resolve_ts(self, frame: pd.DataFrame, piece: Piece) -> pd.Series:
         stamps = pd.to_datetime(frame["ts"].astype(object), utc=True, format="ISO8601",
                                 errors="coerce")  # fmt: skip
         return stamps.astype("datetime64[us, UTC]")

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.loggen import vllm_lines
-from pipeline.ingest import vllm as vllm_module
 from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser
 from pipeline.ingest.vllm import VllmChunkParser, whole_value, without_token_ids
+from pipeline.ingest.vllm import request_lines as vllm_module
 from tests.conftest import REPO_ROOT, SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"

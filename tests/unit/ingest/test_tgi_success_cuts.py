@@ -18,7 +18,7 @@ from pipeline.ingest.columnar import tgi_success_rows
 from pipeline.ingest.lines import Lines
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
-from pipeline.ingest.tgi import ENDPOINTS, TgiChunkParser, _printed_parameters, arrival_ts
+from pipeline.ingest.tgi import ENDPOINTS, TgiChunkParser, arrival_ts, printed_parameters
 from tests.conftest import SHARED_DATA
 
 EXAMPLES = SHARED_DATA / "logs" / "examples"
@@ -58,9 +58,9 @@ def _read_column_wise(lines: list[str]) -> np.ndarray:
     parser = TgiChunkParser(ChunkResult("x.log", "tgi-text"), 16, json_lines=False)
 
     def fields(text: str) -> dict[str, object]:
-        return cache.setdefault(text, parser._parameter_fields(text))
+        return cache.setdefault(text, parser.parameter_fields(text))
 
-    return tgi_success_rows(_block(lines), _printed_parameters, fields, ENDPOINTS)[0]
+    return tgi_success_rows(_block(lines), printed_parameters, fields, ENDPOINTS)[0]
 
 
 def _sub(pattern: str, new: str, line: str = QUOTED) -> str:
