@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_paths
+from pipeline.ingest.inputs import UTF16
 from pipeline.ingest.lines import BOM, LineReader, binary_lines
 from pipeline.ingest.parse import ChunkSpec, parse_pieces, plan_chunks
-from pipeline.ingest.run import UTF16
 from pipeline.ingest.summary import Rejects
 from tests.conftest import SHARED_DATA
 
