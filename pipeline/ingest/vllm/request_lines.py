@@ -47,7 +47,7 @@ _AFTER_IDS = frozenset(
     for adapter in ("", ", prompt_adapter_request: None")
 )
 _IDS_KEY = ", prompt_token_ids: ["
-#: the tail keys found before the token ids (see :func:`after_prompt`): one that is printed
+#: the tail keys found before the token ids (:meth:`ReceivedReader._after_prompt`): one printed
 #: before the ids but not after them would take them into its value
 _KEYS_BEFORE_IDS = TAIL_KEYS[: TAIL_KEYS.index(", prompt_token_ids: ")]
 
