@@ -60,6 +60,7 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.stack import timed_plan  # noqa: E402
 from benchmarks.warm_throughput import items, simulator_process  # noqa: E402
 from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from pipeline.triggers import EngineSample  # noqa: E402
@@ -216,21 +217,10 @@ def run_once(
     n: int, batch_size: int, queue: str, on: bool, settings: Any, worker: Any
 ) -> tuple[float, float]:
     """(items per wall second, items per worker CPU second) for one plan of ``n`` items."""
-    from tasks.warm_tasks import submit_plan, wait_plan
-
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
-    cpu_before = sum(worker.cpu_times()[:2])
-    started = time.perf_counter()
     with telemetry_arm(on):  # the submitting side's record_plan
-        plan_id = submit_plan(plan, settings=settings, options=WarmOptions(batch_size=batch_size),
-                              queue=queue)  # fmt: skip
-    report = wait_plan(plan_id, 600, settings=settings, poll_s=0.05)
-    elapsed = time.perf_counter() - started
-    cpu = sum(worker.cpu_times()[:2]) - cpu_before
-    if report["items_ok"] != n:
-        raise SystemExit(f"plan {plan_id}: {report}")
-    return n / elapsed, n / max(cpu, 1e-6)
+        return timed_plan(plan, settings, queue, worker)
 
 
 def measure_throughput(args: argparse.Namespace, broker: str, store_url: str) -> dict[str, Any]:

@@ -9,9 +9,11 @@ default 14), which nobody else uses and which a benchmark flushes. Workers are
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -67,3 +69,22 @@ def running_worker(
         yield worker
     finally:
         worker.stop()
+
+
+def timed_plan(plan: Any, settings: Any, queue: str, worker: Any) -> tuple[float, float]:
+    """Submit ``plan`` to ``queue`` and wait for it: (items per wall second, items per CPU second
+    of ``worker``, a psutil process). Every item must succeed."""
+    from tasks.adapters.targets.base import WarmOptions
+    from tasks.warm_tasks import submit_plan, wait_plan
+
+    n = len(plan.items)
+    cpu_before = sum(worker.cpu_times()[:2])
+    started = time.perf_counter()
+    options = WarmOptions(batch_size=plan.budget.batch_size)
+    plan_id = submit_plan(plan, settings=settings, options=options, queue=queue)
+    report = wait_plan(plan_id, 600, settings=settings, poll_s=0.05)
+    elapsed = time.perf_counter() - started
+    cpu = sum(worker.cpu_times()[:2]) - cpu_before
+    if report["items_ok"] != n:
+        raise SystemExit(f"plan {plan_id}: {report}")
+    return n / elapsed, n / max(cpu, 1e-6)

@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.engines.engine import wait_until_answers  # noqa: E402
+from benchmarks.stack import timed_plan  # noqa: E402
 from jobs.embedded import WorkerProcess, free_port  # noqa: E402
 from pipeline.planner.plan import PlanBudget, WarmItem, WarmPlan, new_plan_id  # noqa: E402
 from tasks import settings as settings_module  # noqa: E402
@@ -95,21 +96,9 @@ def run_prewarm(
     n: int, batch_size: int, settings: Settings, worker: psutil.Process
 ) -> tuple[float, float]:
     """(items per wall second, items per worker CPU second) for one plan of ``n`` items."""
-    from tasks.warm_tasks import submit_plan, wait_plan
-
     plan = WarmPlan(new_plan_id(), "sim", tuple(items(n, new_plan_id()[:6])),
                     PlanBudget(batch_size=batch_size))  # fmt: skip
-    cpu_before = sum(worker.cpu_times()[:2])
-    started = time.perf_counter()
-    plan_id = submit_plan(
-        plan, settings=settings, options=WarmOptions(batch_size=batch_size), queue=QUEUE
-    )
-    report = wait_plan(plan_id, 600, settings=settings, poll_s=0.05)
-    elapsed = time.perf_counter() - started
-    cpu = sum(worker.cpu_times()[:2]) - cpu_before
-    if report["items_ok"] != n:
-        raise SystemExit(f"plan {plan_id}: {report}")
-    return n / elapsed, n / max(cpu, 1e-6)
+    return timed_plan(plan, settings, QUEUE, worker)
 
 
 def run_direct(n: int, client: httpx.Client) -> tuple[float, float]:

@@ -42,7 +42,7 @@ from benchmarks.engines.engine import (
 )
 from benchmarks.rewarm_stack import post_github_push, wait_rewarm
 from jobs.embedded import free_port
-from tests.integration.processes import paced_windows, wait_loop_warm
+from tests.integration.processes import template_traffic, wait_loop_warm
 from tests.integration.test_compose import LocalStack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -209,15 +209,11 @@ def loop_stack(tmp_path_factory) -> Iterator[LoopStack]:
 
 def send_traffic(url: str) -> Counter[tuple[int, bool]]:
     """A few windows of user traffic; requests per (template, chat)."""
-    used: Counter[tuple[int, bool]] = Counter()
-    for window in paced_windows(WINDOWS_OF_TRAFFIC, WINDOW_S):
-        for n in range(TEMPLATES):
-            if n >= 8 and window > 0:
-                continue
-            for chat in (True, False) if n < 8 else (n == 8,):
-                ask(url, head(n), f"Window {window}: what about order {n}-{window}?", chat)
-                used[(n, chat)] += 1
-    return used
+
+    def ask_one(n: int, question: str, chat: bool) -> object:
+        return ask(url, head(n), question, chat)
+
+    return template_traffic(ask_one, WINDOWS_OF_TRAFFIC, WINDOW_S, TEMPLATES)
 
 
 def test_the_loop_warms_a_restarted_vllm_with_nothing_typed(loop_stack):

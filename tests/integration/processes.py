@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,24 @@ def paced_windows(windows: int, window_s: float) -> Iterator[int]:
         started = time.monotonic()
         yield window
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
+
+
+def template_traffic(
+    ask: Callable[[int, str, bool], object], windows: int, window_s: float, templates: int
+) -> Counter[tuple[int, bool]]:
+    """A few paced windows of user traffic: templates ``0 .. templates - 3`` over both endpoints
+    in every window, the last two once each (one chat, one completions) in the first window.
+    ``ask(template, question, chat)`` sends one request. Returns requests per (template, chat)."""
+    used: Counter[tuple[int, bool]] = Counter()
+    steady = templates - 2
+    for window in paced_windows(windows, window_s):
+        for n in range(templates):
+            if n >= steady and window > 0:
+                continue
+            for chat in (True, False) if n < steady else (n == steady,):
+                ask(n, f"Window {window}: what about order {n}-{window}?", chat)
+                used[(n, chat)] += 1
+    return used
 
 
 def wait_loop_warm(

@@ -16,7 +16,7 @@ import redis
 
 from tasks.services.loop import window_start
 from tasks.settings import load_settings
-from tests.integration.processes import paced_windows, wait_loop_warm
+from tests.integration.processes import template_traffic, wait_loop_warm
 from tests.integration.test_compose import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -50,17 +50,12 @@ def ask(url: str, n: int, question: str, chat: bool) -> tuple[int, int]:
 
 
 def send_traffic(url: str) -> Counter[tuple[int, bool]]:
-    """A few windows of traffic: templates 0–7 over both endpoints in every window, 8 and 9
-    once each. Returns requests per (template, chat)."""
-    used: Counter[tuple[int, bool]] = Counter()
-    for window in paced_windows(WINDOWS_OF_TRAFFIC, WINDOW_S):
-        for n in range(TEMPLATES):
-            if n >= 8 and window > 0:
-                continue
-            for chat in (True, False) if n < 8 else (n == 8,):
-                ask(url, n, f"Window {window}: what about order {n}-{window}?", chat)
-                used[(n, chat)] += 1
-    return used
+    """A few windows of user traffic; requests per (template, chat)."""
+
+    def ask_one(n: int, question: str, chat: bool) -> object:
+        return ask(url, n, question, chat)
+
+    return template_traffic(ask_one, WINDOWS_OF_TRAFFIC, WINDOW_S, TEMPLATES)
 
 
 def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
