@@ -68,9 +68,11 @@ class RecordingProxy:
                 return
             conn.settimeout(2)
             try:
-                self.requests.append(conn.recv(1024).split(b"\r\n")[0].decode(errors="replace"))
+                line = conn.recv(1024).split(b"\r\n")[0].decode(errors="replace")
             except OSError as exc:
-                self.requests.append(f"unreadable: {exc}")
+                line = f"unreadable: {exc}"
+            if line:  # a connection closed before it sent a byte asked for nothing
+                self.requests.append(line)
             conn.close()
 
     def hosts(self) -> set[str]:

@@ -27,7 +27,7 @@ WINDOW = pd.Timedelta(minutes=5)
 def test_the_model_predicts_the_planners_frequency_estimate(requests, data):
     requests[:, 0] += 1  # every window of the grid starts the history at window 0
     requests[0, -1] += 1  # ... and the last one ends it
-    matrix = CountMatrix.from_counts(counts_from_matrix(requests, WINDOW))
+    matrix = CountMatrix.from_counts(counts_from_matrix(requests, WINDOW), window=WINDOW)
     t = data.draw(st.integers(0, matrix.n_windows - 1))
     items = np.arange(len(matrix.items))
     predicted = FrequencyEstimate().fit(matrix).predict_at(matrix, t, items)
