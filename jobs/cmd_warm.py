@@ -44,22 +44,23 @@ def _engine_name(settings: Settings, name: str | None) -> str:
 def build_plan_from(
     source: Path, engine: str | None, *, budget_items: int | None = None,
     budget_tokens: int | None = None, batch_size: int | None = None, shapes: bool = False,
-    responses: bool = False, embeddings: bool = False, forecast: str = "auto",
+    forecast: str = "auto",
 ) -> WarmPlan:  # fmt: skip
-    """A plan for a configured engine from ingested records (what ``prewarm plan`` prints)."""
-    from tasks.services.planning import plan_for, plan_request, read_records
+    """A plan for a configured engine from ingested records (what ``prewarm plan`` prints); the
+    requests its gateways' clients repeat are candidates too."""
+    from tasks.services.planning import gateway_candidates, plan_for, plan_request, read_records
 
     settings = current_settings()
     records, windows = read_records(source)
     request = plan_request(
         settings, _engine_name(settings, engine), max_items=budget_items,
-        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes, responses=responses,
-        embeddings=embeddings,
+        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
     )  # fmt: skip
     engine_settings = settings.engine(request.engine)
     return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
                     engine=engine_settings, models_root=settings.data_dir / "models",
-                    min_windows=settings.loop.min_windows_for_model)  # fmt: skip
+                    min_windows=settings.loop.min_windows_for_model,
+                    extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:
@@ -80,8 +81,6 @@ def plan(
     budget_tokens: Annotated[int | None, Opt(min=1, help="Token budget (cache capacity).")] = None,
     batch_size: Annotated[int | None, Opt(min=1, help="Items per batch (transaction).")] = None,
     shapes: Annotated[bool, Opt(help="Add one request per workload shape.")] = False,
-    responses: Annotated[bool, Opt(help="Cache answers of repeated greedy prompts.")] = False,
-    embeddings: Annotated[bool, Opt(help="Cache embeddings of repeated prompts.")] = False,
     forecast: Annotated[
         str, Opt(help="auto | model | frequency", callback=one_of(FORECASTS))
     ] = "auto",
@@ -93,8 +92,7 @@ def plan(
     if source is None:
         raise BadInputError("--from DIR or records.parquet is required", where="--from")
     built = build_plan_from(source, engine, budget_items=budget_items, budget_tokens=budget_tokens,
-                            batch_size=batch_size, shapes=shapes, responses=responses,
-                            embeddings=embeddings, forecast=forecast)  # fmt: skip
+                            batch_size=batch_size, shapes=shapes, forecast=forecast)  # fmt: skip
     console.print(_plan_table(built))
     console.print(f"{len(built.items)} items, {built.tokens} tokens, {built.dropped} dropped; "
                   + "; ".join(built.notes), highlight=False)  # fmt: skip

@@ -38,6 +38,11 @@ RECORD_DTYPES: dict[str, str] = {
     "e2e_s": "Float64",
     "queue_s": "Float64",
     "status": "string",
+    # a gateway's records (LiteLLM's request log): the request as the client sent it (JSON in
+    # the client's field order, less metadata), whether its cache answered, who served it
+    "request_body": "string",
+    "cache_hit": "boolean",
+    "deployment": "string",
 }
 
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_DTYPES)

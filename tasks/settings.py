@@ -104,7 +104,7 @@ class ScheduleSettings(_Section):
 
 #: Kinds of ``[[sources]]`` entry, each read by the reader registered for it
 #: (``tasks.adapters.sources``).
-SOURCE_KINDS = ("vllm-log", "tgi-log", "jsonl", "trace")
+SOURCE_KINDS = ("vllm-log", "tgi-log", "jsonl", "trace", "litellm")
 #: The kind of ``[[sources]]`` entry that is an engine's KV-event stream (``prewarm kv-events``).
 KV_EVENTS = "kv-events"
 #: Schemes of a ZMQ endpoint prewarm connects to (the engine binds it).
@@ -177,6 +177,45 @@ AnySource = Annotated[
 ]
 
 
+class GatewaySettings(_Section):
+    """A gateway in front of an engine that caches responses and embeddings (``[[gateways]]``):
+    LiteLLM's proxy at ``url``, called with ``key`` (its master key or a virtual key), caching
+    in the Redis at ``cache_url`` under ``namespace`` for ``ttl_s`` seconds, as the operator
+    set them in the proxy's ``cache_params``. ``engine`` names the engine whose traffic it
+    fronts (its ``[[sources]] kind = "litellm"`` log feeds that engine's loop); the loop warms
+    the requests asked at least ``min_count`` times with deterministic parameters, and the
+    embeddings inputs used as often, through the proxy."""
+
+    name: str
+    kind: Literal["litellm"] = "litellm"
+    url: str
+    engine: str
+    key: SecretStr | None = None
+    cache_url: str | None = None
+    namespace: str | None = None
+    ttl_s: int | None = Field(None, ge=1)
+    min_count: int = Field(2, ge=1)
+    timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        _no_control_characters(value)
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("cache_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _no_control_characters(value)
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+
 #: Fewer windows of history than this and a learned model has nothing to learn from.
 MIN_WINDOWS_FOR_MODEL = 8
 
@@ -236,6 +275,7 @@ class Settings(_Section):
     tenants: tuple[TenantSettings, ...] = ()
     sources: tuple[AnySource, ...] = ()
     loop: LoopSettings = LoopSettings()
+    gateways: tuple[GatewaySettings, ...] = ()
 
     @field_validator("result_url")
     @classmethod
@@ -269,6 +309,13 @@ class Settings(_Section):
         for n, source in enumerate(self.sources):
             if source.engine not in known:
                 raise ValueError(f"sources[{n}]: engine {source.engine!r} is not configured")
+        for n, gateway in enumerate(self.gateways):
+            if gateway.engine not in known:
+                raise ValueError(f"gateways[{n}]: engine {gateway.engine!r} is not configured")
+        names = [g.name for g in self.gateways]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"gateways: the name {twice[0]!r} is used twice")
         streams = [s.engine for s in self.sources if isinstance(s, KvEventSourceSettings)]
         twice = sorted({engine for engine in streams if streams.count(engine) > 1})
         if twice:
@@ -296,6 +343,18 @@ class Settings(_Section):
             if isinstance(source, SourceSettings) and source.engine == engine
         )
 
+    def gateways_of(self, engine: str) -> tuple[GatewaySettings, ...]:
+        """The ``[[gateways]]`` in front of ``engine`` (their entries are warmed by its loop)."""
+        return tuple(g for g in self.gateways if g.engine == engine)
+
+    def gateway(self, name: str) -> GatewaySettings:
+        """The configured gateway called ``name``; unknown names are bad input."""
+        for gateway in self.gateways:
+            if gateway.name == name:
+                return gateway
+        known = ", ".join(g.name for g in self.gateways) or "none configured"
+        raise SettingsError(f"unknown gateway {name!r} (known: {known})", where="gateways")
+
     def kv_events_of(self, engine: str) -> KvEventSourceSettings | None:
         """``engine``'s KV-event stream (``[[sources]] kind = "kv-events"``), if configured."""
         return next(
@@ -321,6 +380,17 @@ _ENV_KEYS = (
     "api_port",
     "metrics_flush_s",
 )
+
+
+#: Where prewarm's LiteLLM callback (``jobs.litellm_log``) appends its request log.
+LITELLM_LOG_ENV = ENV_PREFIX + "LITELLM_LOG"
+
+
+def litellm_log_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The file the LiteLLM callback writes (``PREWARM_LITELLM_LOG``, read in the proxy's
+    process; default ``litellm-requests.jsonl`` in its working directory)."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(LITELLM_LOG_ENV) or "litellm-requests.jsonl")
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -45,6 +45,9 @@ HEAD_FIELDS = (
     "e2e_s",
     "queue_s",
     "status",
+    "request_body",
+    "cache_hit",
+    "deployment",
     "_line",
     "_ids_len",
 )

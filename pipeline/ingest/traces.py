@@ -84,6 +84,7 @@ def _rows(
     parse: Callable[[str, int], Row | None],
     reader: LineReader | None = None,
     dtypes: dict[str, str] = RECORD_DTYPES,
+    detail: bool = False,
 ) -> list[Row]:
     """Rows of the lines of ``path`` (or of what ``reader`` reads of it: an incremental run's
     byte range, leaving a half-written last line for the next run). A row with a value its
@@ -94,7 +95,8 @@ def _rows(
         try:
             row = parse(line, line_no)
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
-            rejects.add(f"bad row: {type(exc).__name__}", line_no, line)
+            reason = f"{type(exc).__name__}: {exc}" if detail else type(exc).__name__
+            rejects.add(f"bad row: {reason}", line_no, line)
             continue
         if row is None:
             continue
@@ -104,6 +106,11 @@ def _rows(
             continue
         rows.append(row)
     return rows
+
+
+#: the row reader for format modules: ``detail`` puts the error's text (the field it names) in
+#: each reject's reason
+rows_of = _rows
 
 
 #: the integers a column of each integer dtype holds

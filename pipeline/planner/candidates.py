@@ -2,7 +2,8 @@
 
 Candidates are the shared prefixes of the records (:mod:`pipeline.shared_prefixes`), the adapters
 they used, optionally one representative request per workload shape (for a replica that just
-started), and the answers and embeddings of prompts asked repeatedly with greedy sampling.
+started). A gateway's responses and embeddings come from :mod:`pipeline.planner.gateway` as
+the caller's ``extra``.
 Predicted hits come from a forecast by item key when one is given (a learned model's
 next-window predictions) and from the frequency estimate of each item's windows otherwise.
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from pipeline.keys import adapter_key, response_key, shape_key, template_head_key
+from pipeline.keys import adapter_key, shape_key, template_head_key
 from pipeline.planner.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason, plan_reason
 from pipeline.planner.select import build_plan, with_cache_salt
@@ -60,8 +61,6 @@ class PlanRequest:
     block_size: int = DEFAULT_BLOCK_SIZE
     adapters: bool = True
     shapes: bool = False
-    responses: bool = False
-    embeddings: bool = False
     reason: PlanReason = PlanReason.CLI
     recent_windows: int = DEFAULT_RECENT_WINDOWS
 
@@ -149,46 +148,6 @@ def _shape_item(profile: str, row: Mapping[str, object], model: str | None,
     )  # fmt: skip
 
 
-def _max_tokens(value: object) -> int:
-    return _count(value) or 16  # not logged: vLLM's completions default
-
-
-def _deterministic(row: Mapping[str, object]) -> bool:
-    temperature = present(row.get("temperature"))
-    try:
-        return temperature is not None and float(temperature) == 0.0
-    except ValueError:  # unknown sampling: not safe to cache its answer
-        return False
-
-
-def response_items(
-    records: pd.DataFrame, model: str | None, min_count: int = 2, kind: str = "response"
-) -> list[WarmItem]:
-    """Prompts asked at least ``min_count`` times with greedy sampling: their answers (or, with
-    ``kind='embedding'``, their embeddings) can be cached under a versioned key. The key's
-    parameters are ``{"temperature": 0.0, "max_tokens": <as requested>}``, so a client asking
-    the same way finds the entry (:func:`pipeline.keys.response_key`). A missing tenant is
-    ``default`` and a missing template ``none`` (never the text of a missing value)."""
-    counts: Counter[tuple[str, str, str, int]] = Counter()
-    for row in records.to_dict("records"):
-        prompt = present(row.get("prompt"))
-        if prompt is not None and _deterministic(row):
-            template = present(row.get("template")) or "none"
-            tenant = present(row.get("tenant")) or "default"
-            counts[(prompt, template, tenant, _max_tokens(row.get("max_tokens")))] += 1
-    items = []
-    for (prompt, template, tenant, max_tokens), n in counts.items():
-        if n < min_count:
-            continue
-        params = {"temperature": 0.0, "max_tokens": max_tokens}
-        key = response_key(model=model or "unknown", template=template, params=params,
-                           text=prompt, tenant=tenant, kind=kind).render()  # fmt: skip
-        items.append(WarmItem(kind, key, model or "unknown", text=prompt, tenant=tenant,
-                              tokens=count_tokens(prompt), predicted_hits=float(n),
-                              template=template, params=params))  # fmt: skip
-    return items
-
-
 @dataclass(frozen=True)
 class TemplateHead:
     """A prompt template's static head (the text every rendering starts with), its version tag
@@ -271,10 +230,6 @@ def candidates(
         items += adapter_items(records, request.model)
     if request.shapes or request.reason == "replica":
         items += shape_items(records, request.model)
-    if request.responses:
-        items += response_items(records, request.model, request.min_count)
-    if request.embeddings:
-        items += response_items(records, request.model, request.min_count, kind="embedding")
     return _with_extra(extra, items)
 
 

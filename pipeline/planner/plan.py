@@ -22,7 +22,7 @@ ITEM_PARAMS = frozenset({
     "ignore_eos", "max_tokens", "min_tokens", "presence_penalty", "frequency_penalty",
     "repetition_penalty",
 })  # fmt: skip
-ENDPOINTS = ("completions", "chat")
+ENDPOINTS = ("completions", "chat", "embeddings")
 #: Prefill cost assumed when an engine's was never measured (a small model on CPU: ~1 ms/token).
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
 #: Fixed cost of one warm-up request (HTTP, scheduling, one decode step).
@@ -44,7 +44,9 @@ class WarmItem:
     parameters for a response, ``max_tokens`` for a shape, ``add_special_tokens``...).
     ``next_use_s`` is the expected delay until first use, when a forecast knows it.
     ``parent`` is the key of the shorter prefix this one extends (priming it warms the parent's
-    blocks too), when it has one.
+    blocks too), when it has one. ``gateway`` names the gateway (``[[gateways]]``) whose cache
+    holds a response or embedding item, and ``request`` is the request its clients send it,
+    sent again as it is (the gateway keys its cache on it).
     """
 
     kind: str
@@ -64,6 +66,8 @@ class WarmItem:
     next_use_s: float | None = None
     token_ids: tuple[int, ...] | None = None
     parent: str | None = None
+    gateway: str | None = None
+    request: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ITEM_KINDS:
@@ -83,6 +87,7 @@ class WarmItem:
         data = asdict(self)
         data["messages"] = [dict(m) for m in self.messages] if self.messages else None
         data["params"] = dict(self.params)
+        data["request"] = dict(self.request) if self.request is not None else None
         return data
 
     @classmethod
@@ -123,6 +128,8 @@ class PlanBudget:
 
     def cache_tokens(self, item: WarmItem) -> int:
         """The share of the cache's capacity ``item`` keeps once primed: its whole blocks."""
+        if item.gateway is not None:  # held in the gateway's store, not the engine's cache
+            return 0
         if not self.block_tokens or item.tokens <= 0:
             return item.tokens
         return item.tokens // self.block_tokens * self.block_tokens
@@ -135,8 +142,9 @@ class PlanBudget:
 
     def cached_tokens(self, item: WarmItem) -> int:
         """Tokens of ``item`` a later request can find cached: whole blocks only, and never
-        the prompt's last token (an engine always computes at least one), as vLLM does."""
-        if not self.block_tokens or item.tokens <= 0:
+        the prompt's last token (an engine always computes at least one), as vLLM does. A
+        gateway's entry answers the whole request: every token."""
+        if item.gateway is not None or not self.block_tokens or item.tokens <= 0:
             return item.tokens
         return (item.tokens - 1) // self.block_tokens * self.block_tokens
 

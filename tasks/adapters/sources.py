@@ -77,6 +77,12 @@ def source_files(source: SourceSettings) -> list[Path]:
     return [path] if path.is_file() else []
 
 
+def gateway_log_files(settings: Settings, engine: str) -> list[Path]:
+    """The files of ``engine``'s gateway request logs (its ``litellm`` sources) now."""
+    return [path for source in settings.sources_of(engine) if source.kind == "litellm"
+            for path in source_files(source)]  # fmt: skip
+
+
 def ingest_reader(fmt: str | None, log_source: str | None = None) -> Reader:
     """A reader through prewarm's ingest, with the format fixed (or detected per file, among
     the formats of ``log_source`` when given: an engine's forms of its log)."""
@@ -103,6 +109,7 @@ READERS: dict[str, Reader] = {
     "tgi-log": ingest_reader(None),
     "jsonl": ingest_reader("prewarm-jsonl"),
     "trace": ingest_reader(None),
+    "litellm": ingest_reader("litellm-jsonl"),  # prewarm's callback in LiteLLM's proxy
 }
 
 

@@ -281,7 +281,7 @@ class WalStore:
         if self.state(txn_id) in FINAL_STATES:
             return
         for effect in rollback_order(self.effects(txn_id)):
-            if effect.target == "engine" and effect.undo:
+            if effect.target != "redis" and effect.undo:  # an engine's or a gateway's
                 if engine_undo is None:
                     raise ConsistencyError(f"{txn_id}: engine effect {effect.op} needs an undo")
                 engine_undo(effect)

@@ -24,10 +24,12 @@ from pipeline.planner.plan import WarmItem
 from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.adapters.engine_semaphore import EngineSemaphore
+from tasks.adapters.gateway_client import GatewayClient, GatewayLog
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.sources import gateway_log_files
 from tasks.adapters.store import Store, StoreError
 from tasks.adapters.targets import adapter as adapter_target
-from tasks.adapters.targets import apply_items, verify_items
+from tasks.adapters.targets import apply_items, undo_for, verify_items
 from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
 from tasks.adapters.telemetry import defer_batch, plan_labels, record_wal
 from tasks.adapters.wal_store import LeaseLost, WalStore
@@ -130,12 +132,24 @@ class BatchRunner:
         self.plans = PlanStore(store)
         self.wal = WalStore(store, settings.wal_lease_s)
         self._clients: dict[tuple[str, float, int, float], EngineClient] = {}
+        self._gateways: dict[str, GatewayClient] = {}
 
     def client(self, engine: EngineSettings, options: WarmOptions) -> EngineClient:
         key = (engine.name, options.timeout_s, options.retry_attempts, options.retry_base_s)
         if key not in self._clients:
             self._clients[key] = engine_client(engine, options)
         return self._clients[key]
+
+    def gateways(self, engine: EngineSettings) -> dict[str, GatewayClient]:
+        """Clients of the gateways in front of ``engine``, built once per runner."""
+        for gateway in self.settings.gateways_of(engine.name):
+            if gateway.name not in self._gateways:
+                self._gateways[gateway.name] = GatewayClient(gateway)
+        return {g.name: self._gateways[g.name] for g in self.settings.gateways_of(engine.name)}
+
+    def undo(self, engine: EngineSettings, options: WarmOptions) -> Any:
+        """The compensating calls for ``engine``'s effects and its gateways'."""
+        return undo_for(self.client(engine, options), self.gateways(engine))
 
     def run(self, plan_id: str, batch: int) -> dict[str, Any]:
         """Run batch ``batch`` of ``plan_id`` once; a finished batch returns its stored result."""
@@ -164,8 +178,7 @@ class BatchRunner:
             self.plans.release(plan_id, batch, owner)
             raise BatchBusy(f"plan {plan_id} batch {batch}: previous attempt still holds its lease")
         engine = self.settings.engine(self.wal.engine_of(txn_id))
-        undo = adapter_target.undo_for(self.client(engine, WarmOptions()))
-        self.wal.rollback(txn_id, owner, undo)
+        self.wal.rollback(txn_id, owner, self.undo(engine, WarmOptions()))
         record_wal(self.store, engine.name, "recovered")
 
     def _run_claimed(
@@ -177,9 +190,13 @@ class BatchRunner:
         semaphore = EngineSemaphore(
             self.store, engine.name, engine.max_concurrency, hold_s=self.settings.wal_lease_s
         )
+        logs = GatewayLog(gateway_log_files(self.settings, engine.name))
+        gateways = self.gateways(engine)
         ctx = BatchContext(
-            self.store, client, options, adapter_paths=adapter_target.adapter_paths(engine.adapters)
-        )
+            self.store, client, options, gateways=gateways,
+            adapter_paths=adapter_target.adapter_paths(engine.adapters),
+            gateway_logs=dict.fromkeys(gateways, logs),
+        )  # fmt: skip
         self.plans.count_run(plan_id, batch)
         ctx.requests_at_start = client.requests
         lease = self.settings.wal_lease_s
@@ -206,7 +223,7 @@ class BatchRunner:
     ) -> dict[str, Any]:
         wal, txn_id, owner, items = self.wal, ctx.txn_id, ctx.owner, end.items
         results: list[ItemResult] = []
-        undo = adapter_target.undo_for(ctx.engine)
+        undo = undo_for(ctx.engine, ctx.gateways)
         try:
             wal.move(txn_id, owner, TxnState.APPLYING)
             for chunk in _chunks(items, ctx.options.apply_chunk):
@@ -258,7 +275,7 @@ class BatchRunner:
             # back even when that engine has left the configuration since.
             def undo(effect: Effect) -> None:
                 engine = self.settings.engine(engine_name)
-                adapter_target.undo_for(self.client(engine, WarmOptions()))(effect)
+                self.undo(engine, WarmOptions())(effect)
 
             return undo
 

@@ -158,7 +158,8 @@ class WarmLoop:
         self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot
     ) -> WarmPlan | None:
         """The one planner's plan for ``engine`` on ``snapshot`` (None: nothing seen). A
-        replica's plan has its workload shapes, and its configured adapters as ``extra``."""
+        replica's plan has its workload shapes, and its configured adapters as ``extra``; the
+        requests its gateways' clients repeat are ``extra`` of every plan."""
         replica = reason == PlanReason.REPLICA
         records = snapshot.records
         if records is None or records.empty:
@@ -167,12 +168,14 @@ class WarmLoop:
             records = records_frame([])  # nothing served yet: a replica still gets its adapters
         counts = snapshot.counts if self.learnable(engine, snapshot) else None
         request = plan_request(self.settings, engine.name, shapes=replica)
+        extra = configured_adapters(engine) if replica else []
+        extra += planning.gateway_candidates(self.settings, engine.name, records)
         return planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine,
             models_root=models_root(self.settings.data_dir, engine.name),
             forecast="auto" if counts is not None else "frequency",
             min_windows=self.settings.loop.min_windows_for_model,
-            extra=configured_adapters(engine) if replica else (),
+            extra=extra,
         )  # fmt: skip
 
     def key_drift(

@@ -23,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
+from pipeline.own_requests import own_mask
 from pipeline.planner.candidates import PlanRequest, candidates, plan_from_candidates
+from pipeline.planner.gateway import gateway_items
 from pipeline.planner.plan import (
     DEFAULT_PREFILL_S_PER_TOKEN,
     EngineCost,
@@ -133,8 +135,6 @@ def plan_request(
     max_tokens: int | None = None,
     batch_size: int | None = None,
     shapes: bool = False,
-    responses: bool = False,
-    embeddings: bool = False,
     reason: str = PlanReason.CLI,
 ) -> PlanRequest:
     """The pure plan request for a configured engine, budgets overridable; ``reason`` is why
@@ -155,8 +155,22 @@ def plan_request(
         weights={t.name: t.weight for t in settings.tenants},
         shares={t.name: t.budget_share for t in settings.tenants},
         isolate_tenants=engine.tenant_isolation, window_s=settings.schedule.window_s,
-        shapes=shapes, responses=responses, embeddings=embeddings, reason=plan_reason(reason),
+        shapes=shapes, reason=plan_reason(reason),
     )  # fmt: skip
+
+
+def gateway_candidates(
+    settings: Settings, engine_name: str, records: pd.DataFrame
+) -> list[WarmItem]:
+    """Candidates for the caches of the gateways in front of ``engine_name``: the requests in
+    its gateway request log (``[[sources]] kind = "litellm"``) that clients repeat with
+    deterministic parameters, and the embeddings inputs they reuse (prewarm's own requests
+    left out)."""
+    gateways = settings.gateways_of(engine_name)
+    if not gateways or records.empty:
+        return []
+    users = records[~own_mask(records)]
+    return [item for g in gateways for item in gateway_items(users, g.name, g.min_count)]
 
 
 def usable_cache_tokens(engine: EngineSettings) -> int | None:

@@ -1,32 +1,32 @@
 """Warm-up targets by item kind, and the batch step that runs them in plan order.
 
 Consecutive items of one kind form a run; runs are applied in plan order (an engine's LRU keeps
-what was primed last), then verified. ``undo_for`` gives the compensating engine calls the WAL
-needs to roll a batch back.
+what was primed last), then verified. Responses and embeddings are a gateway's
+(:mod:`.gateway`). :func:`undo_for` gives the compensating calls the WAL needs to roll a batch
+back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 
 from pipeline.planner.plan import WarmItem
-from tasks.adapters.targets import adapter, prefix, response
+from pipeline.wal import Effect
+from tasks.adapters.engine_client import EngineClient
+from tasks.adapters.gateway_client import GatewayClient
+from tasks.adapters.targets import adapter, gateway, prefix
 from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
 
 Apply = Callable[[Sequence[WarmItem], BatchContext], list[ItemResult]]
 Verify = Callable[[Sequence[WarmItem], Sequence[ItemResult], BatchContext], None]
 
 
-def _no_check(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
-    """Embeddings are stored as returned; there is nothing to re-check cheaply."""
-
-
 TARGETS: dict[str, tuple[Apply, Verify]] = {
     "prefix": (prefix.apply, prefix.verify),
     "shape": (prefix.apply, prefix.verify),
-    "response": (response.apply, response.verify),
-    "embedding": (response.apply_embeddings, _no_check),
+    "response": (gateway.apply, gateway.verify),
+    "embedding": (gateway.apply, gateway.verify),
     "adapter": (adapter.apply, adapter.verify),
 }
 
@@ -54,4 +54,18 @@ def verify_items(
         position += len(run)
 
 
-__all__ = ["BatchContext", "ItemResult", "WarmOptions", "apply_items", "verify_items"]
+def undo_for(
+    engine: EngineClient, gateways: Mapping[str, GatewayClient]
+) -> Callable[[Effect], None]:
+    """The compensating call of every target's effects: a gateway entry's delete, an adapter's
+    unload."""
+    gateway_undo, engine_undo = gateway.undo_for(gateways), adapter.undo_for(engine)
+
+    def undo(effect: Effect) -> None:
+        if not gateway_undo(effect):
+            engine_undo(effect)
+
+    return undo
+
+
+__all__ = ["BatchContext", "ItemResult", "WarmOptions", "apply_items", "undo_for", "verify_items"]

@@ -8,7 +8,8 @@ failure ratio.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import redis
 
 from pipeline.wal import Effect
 from tasks.adapters.engine_client import Completion, EngineClient
+from tasks.adapters.gateway_client import GatewayClient, GatewayLog
 from tasks.adapters.wal_store import RedisWrite, WalStore
 
 
@@ -30,9 +32,6 @@ class WarmOptions:
     retry_attempts: int = 3
     retry_base_s: float = 0.05
     timeout_s: float = 30.0
-    response_ttl_s: int = 24 * 3600
-    response_max_tokens: int = 32
-    min_mean_logprob: float = -2.5
     ttft_drop: float = 0.3
     prompts_per_request: int = 32  # text prefixes primed per /v1/completions request
     min_cached_share: float = 0.5  # of a probed group's prompt tokens that must be cached
@@ -55,7 +54,10 @@ class ItemResult:
     prime: Completion | None = None
     value: str | None = None
     redis_key: str | None = None
-    verified_by: str = ""  # "prime" (the engine's accounting on it) or "probe"
+    #: "prime" (the engine's accounting on it), "probe", "gateway" (a repeat answered from the
+    #: gateway's cache) or "already cached" (the gateway answered the warm-up itself)
+    verified_by: str = ""
+    gateway_key: str | None = None  # the key the gateway named for the entry
 
     def fail(self, detail: str) -> None:
         self.ok, self.detail = False, detail
@@ -74,6 +76,14 @@ class BatchContext:
     adapter_paths: dict[str, str] = field(default_factory=dict)
     requests_at_start: int = 0
     seq: int = 0
+    gateways: dict[str, GatewayClient] = field(default_factory=dict)
+    #: gateway name → its request log (the engine's ``litellm`` sources)
+    gateway_logs: dict[str, GatewayLog] = field(default_factory=dict)
+    sleep: Callable[[float], None] = time.sleep
+
+    def gateway_log(self, name: str) -> GatewayLog:
+        """The request log of gateway ``name`` (an empty one when no source names it)."""
+        return self.gateway_logs.get(name) or GatewayLog(())
 
     @property
     def group_size(self) -> int:

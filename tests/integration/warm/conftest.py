@@ -81,15 +81,6 @@ def warm_worker(
         worker.stop()
 
 
-def response_item(n: int, tag: str, tenant: str = "t1") -> WarmItem:
-    from pipeline.keys import response_key
-
-    text = f"Summarise ticket {tag}-{n}: the customer reports that the export is slow."
-    key = response_key(model=MODEL, template="support@1", params={"temperature": 0.0},
-                       text=text, tenant=tenant).render()  # fmt: skip
-    return WarmItem("response", key, MODEL, text=text, tenant=tenant, tokens=20)
-
-
 def prefix_item(n: int, tag: str) -> WarmItem:
     text = f"System {tag} {n}: you answer questions about invoices, politely. " * 6
     return WarmItem("prefix", f"{tag}-prefix-{n}", MODEL, text=text, tokens=60)

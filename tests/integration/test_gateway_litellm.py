@@ -1,0 +1,226 @@
+"""The real LiteLLM proxy in front of the engine simulator, its Redis cache on, prewarm's callback
+as the engine's source, and prewarm's loop on beat and a real Celery worker.
+
+Clients send a workload through the proxy for a few windows: requests asked in every window
+with deterministic parameters (temperature 0, or a fixed seed), one-off requests, sampled
+requests asked again (temperature 0.8: no single answer), and embeddings whose inputs recur or
+not. Then a deploy: the proxy restarts (LiteLLM keeps a copy of its entries in its process's
+memory) and its Redis is emptied; with nothing typed the loop's next tick warms it. The next
+window's clients then ask every recurring request and input once: each must be answered from
+LiteLLM's cache on that first request, by LiteLLM's word (the ``x-litellm-cache-key`` header,
+or ``cache_hit`` in its request log for an embedding). And no entry prewarm wrote goes unread:
+the entries in the proxy's Redis after the warm-up are counted against the cache hits of that
+window in the proxy's request log (a chat hit names its entry's key; an embeddings hit names
+none, but each recurring input is asked once and only prewarm wrote since the deploy, so each
+hit read one entry of prewarm's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from jobs.simulator import SimulatorConfig, SimulatorServer
+from tasks.adapters.store import store_client
+from tasks.services.status import loop_status
+from tasks.settings import load_settings
+from tests.conftest import WorkerProcess, worker_env
+from tests.integration.litellm_proxy import CacheRedis, LitellmProxy, proxy_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WINDOW_S = 6
+NAMESPACE = "gw"
+CHAT, EMBED = "sim-llm", "sim-embed"
+TEAMS = ("billing", "claims", "travel", "legal", "payroll", "support")
+
+
+def recurring_chats() -> list[dict]:
+    """Requests asked in every window with one answer: greedy ones, and seeded ones."""
+    bodies = [
+        {"model": CHAT, "messages": [
+            {"role": "system", "content": f"You answer for the {team} team. Be brief."},
+            {"role": "user", "content": f"What is the {team} policy on question {n}?"}],
+         "temperature": 0, "max_tokens": 8}
+        for team in TEAMS for n in range(2)
+    ]  # fmt: skip
+    bodies += [{"model": CHAT, "messages": [{"role": "user", "content": f"Draft note {n}."}],
+                "temperature": 0.7, "seed": 42, "max_tokens": 6} for n in range(3)]  # fmt: skip
+    return bodies
+
+
+RECURRING_INPUTS = [f"handbook section {n}: travel and expenses" for n in range(10)]
+
+
+def one_off_chat(tag: str) -> dict:
+    question = {"role": "user", "content": f"One question, asked once: {tag}"}
+    return {"model": CHAT, "temperature": 0, "max_tokens": 8, "messages": [question]}
+
+
+def sampled_chat(n: int) -> dict:
+    return {"model": CHAT, "temperature": 0.8, "max_tokens": 8,
+            "messages": [{"role": "user", "content": f"Write a slogan, idea {n}."}]}  # fmt: skip
+
+
+def client_window(proxy: LitellmProxy, window: int) -> None:
+    """One window of client traffic."""
+    rid = lambda: f"client-{uuid.uuid4().hex}"  # noqa: E731  (a request id per request)
+    for body in recurring_chats():
+        proxy.post("/v1/chat/completions", body, rid())
+    for n in range(4):
+        proxy.post("/v1/chat/completions", one_off_chat(f"w{window}-{n}"), rid())
+        proxy.post("/v1/chat/completions", sampled_chat(n), rid())
+    for n in range(0, len(RECURRING_INPUTS), 2):  # two recurring inputs and a new one each
+        inputs = [*RECURRING_INPUTS[n : n + 2], f"a one-off text {window}-{n}"]
+        proxy.post("/v1/embeddings", {"model": EMBED, "input": inputs}, rid())
+
+
+def config_toml(path: Path, sim_url: str, proxy: LitellmProxy, cache: CacheRedis,
+                data_dir: Path) -> Path:  # fmt: skip
+    path.write_text(f"""
+data_dir = "{data_dir}"
+
+[schedule]
+window_s = {WINDOW_S}
+
+[budget]
+max_items = 200
+
+[[engines]]
+name = "sim"
+url = "{sim_url}"
+model = "sim-llm"
+kind = "simulator"
+cache_tokens = 65536
+cache_block_tokens = 16
+
+[[sources]]
+engine = "sim"
+kind = "litellm"
+path = "{proxy.log_path}"
+
+[[gateways]]
+name = "edge"
+kind = "litellm"
+url = "{proxy.url}"
+key = "sk-prewarm-test"
+engine = "sim"
+cache_url = "{cache.url}"
+namespace = "{NAMESPACE}"
+ttl_s = 3600
+""")
+    return path
+
+
+def wait_for_tick_after(store, settings, since: float, timeout_s: float = 90.0) -> dict:
+    """The first tick of a window starting at or after ``since`` whose plan has finished."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        tick = loop_status(settings, store)["engines"][0]["last_tick"] or {}
+        window = tick.get("window")
+        started = pd.Timestamp(window).timestamp() if window else 0.0
+        if started >= since and tick.get("done"):
+            return tick
+        time.sleep(0.5)
+    raise AssertionError(f"no finished tick after {since}: {tick}")
+
+
+def log_lines(path: Path) -> dict[str, dict]:
+    """The proxy's request log by request id."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {line["request_id"]: line for line in lines}
+
+
+@pytest.fixture
+def stack(tmp_path, broker_url, store_url):
+    cache = CacheRedis(tmp_path)
+    sim = SimulatorServer(SimulatorConfig(log_file=tmp_path / "engine.log")).__enter__()
+    log = tmp_path / "litellm-requests.jsonl"
+    proxy = LitellmProxy(tmp_path, proxy_config(sim.url, [CHAT, EMBED], cache, NAMESPACE, 3600),
+                         log)  # fmt: skip
+    processes = []
+    try:
+        ready_s = proxy.wait_ready()
+        config = config_toml(tmp_path / "prewarm.toml", sim.url, proxy, cache, tmp_path / "data")
+        env = worker_env({"PREWARM_CONFIG": str(config)})
+        worker = WorkerProcess(tmp_path / "worker.log", env=env)
+        processes.append(worker)
+        worker.wait_ready()
+        beat_log = (tmp_path / "beat.log").open("wb")
+        beat = subprocess.Popen(
+            [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
+            env=env, cwd=tmp_path, stdout=beat_log, stderr=beat_log,
+        )  # fmt: skip
+        settings = load_settings(env)
+        yield {"proxy": proxy, "cache": cache, "settings": settings, "ready_s": ready_s,
+               "store": store_client(settings), "beat": beat}  # fmt: skip
+    finally:
+        if processes:
+            beat.terminate()
+            beat.wait(20)
+        for process in processes:
+            process.stop()
+        proxy.stop()
+        sim.__exit__(None, None, None)
+        cache.stop()
+
+
+def test_the_loop_warms_an_emptied_gateway_cache_with_what_its_clients_repeat(stack):
+    proxy, cache, store, settings = (
+        stack["proxy"],
+        stack["cache"],
+        stack["store"],
+        stack["settings"],
+    )
+    for window in range(3):  # a few windows of clients, the loop ticking along
+        client_window(proxy, window)
+        time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.2)
+    before = len(cache.entries(NAMESPACE))
+    proxy.stop()  # a deploy: the proxy restarts and its Redis is emptied
+    cache.client.flushall()
+    restart_s = proxy.restart()
+    tick = wait_for_tick_after(store, settings, time.time())
+    stack["beat"].terminate()  # prewarm's warm-ups stop: what follows is the clients' window
+    stack["beat"].wait(20)
+    time.sleep(WINDOW_S)  # a tick beat sent before it stopped ends
+    warmed = cache.entries(NAMESPACE)
+
+    # the next window: every recurring request and input, once, plus new one-offs
+    chats = recurring_chats()
+    hits = []
+    for body in chats:
+        answer = proxy.post("/v1/chat/completions", body, f"next-{uuid.uuid4().hex}")
+        hits.append(bool(answer.headers.get("x-litellm-cache-key")))
+    ids = []
+    for text in RECURRING_INPUTS:
+        ids.append(f"next-{uuid.uuid4().hex}")
+        proxy.post("/v1/embeddings", {"model": EMBED, "input": [text]}, ids[-1])
+    proxy.post("/v1/chat/completions", one_off_chat("next"), f"next-{uuid.uuid4().hex}")
+    time.sleep(1.0)  # the callback writes after each answer
+    lines = log_lines(proxy.log_path)
+    embed_hits = [bool(lines[i]["cache_hit"]) for i in ids if i in lines]
+    read = {line["cache_key"] for rid, line in lines.items()
+            if rid.startswith("next-") and line["cache_hit"] and line["cache_key"]}  # fmt: skip
+    unread = len(warmed) - len(warmed & read) - sum(embed_hits)
+
+    chat_share = sum(hits) / len(hits)
+    embed_share = sum(embed_hits) / len(RECURRING_INPUTS)
+    print(f"\nproxy ready in {stack['ready_s']:.1f}s, again in {restart_s:.1f}s after the "
+          f"deploy; entries before the deploy {before}, "
+          f"written by the warm-up {len(warmed)}; tick {tick.get('window')}: planned "
+          f"{tick.get('planned')}, verified {tick.get('verified')}, failed {tick.get('failed')}; "
+          f"first requests from the cache: chat {sum(hits)}/{len(hits)} = {chat_share:.2f}, "
+          f"embeddings {sum(embed_hits)}/{len(RECURRING_INPUTS)} = {embed_share:.2f}; "
+          f"entries never read in the next window: {unread}")  # fmt: skip
+    assert chat_share >= 0.9 and embed_share >= 0.9
+    assert warmed and unread == 0
+    # one entry per recurring request and input: nothing for one-offs or sampled requests
+    assert len(warmed) == len(chats) + len(RECURRING_INPUTS)
+    assert tick["failed"] == 0
