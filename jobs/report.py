@@ -57,6 +57,8 @@ class ReportData:
     batches: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     windows: list[WindowOutcome] = field(default_factory=list)
+    #: what the engine's gateways answered from their cache, per window of requests
+    gateway: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_events(
@@ -64,7 +66,7 @@ class ReportData:
     ) -> ReportData:
         data = cls(engine, since, until)
         lists = {"sample": data.samples, "plan": data.plans, "batch": data.batches,
-                 "restart": data.restarts}  # fmt: skip
+                 "restart": data.restarts, "gateway": data.gateway}  # fmt: skip
         for event in events:
             if event["kind"] == "window":
                 data.windows.append(WindowOutcome.from_dict(event))
@@ -285,16 +287,26 @@ def _summary(values: list[float], how: Callable[[list[float]], float]) -> float 
     return how(values) if values else None
 
 
+def gateway_share(events: Sequence[dict[str, Any]]) -> float | None:
+    """Share of the gateway requests of ``events`` answered from the gateway's cache."""
+    requests = sum(int(e["requests"]) for e in events)
+    return sum(int(e["hits"]) for e in events) / requests if requests else None
+
+
 def before_after(data: ReportData) -> list[dict[str, Any]]:
-    """Around each warm-up and restart: mean hit rate and median TTFT of the engine reads
-    since the previous marker and until the next one."""
+    """Around each warm-up and restart: mean hit rate and median TTFT of the engine reads, and
+    the share of gateway requests its cache answered, since the previous marker and until the
+    next one (a gateway's requests by the window they came in)."""
     marks = data.markers()
     edges = [data.since, *[m[0] for m in marks], data.until]
     times = [s["ts"] for s in data.samples]  # history is in time order
+    windows = sorted(data.gateway, key=lambda e: e["ts"])
+    starts = [e["ts"] for e in windows]
     rows = []
     for i, (ts, kind, label) in enumerate(marks):
         lo, mid, hi = (bisect.bisect_right(times, t) for t in (edges[i], ts, edges[i + 2]))
         before, after = data.samples[lo:mid], data.samples[mid:hi]
+        g_lo, g_mid, g_hi = (bisect.bisect_left(starts, t) for t in (edges[i], ts, edges[i + 2]))
 
         def stats(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
             rates = [r["hit_rate"] for r in rows if r.get("hit_rate") is not None]
@@ -302,7 +314,9 @@ def before_after(data: ReportData) -> list[dict[str, Any]]:
             return _summary(rates, statistics.fmean), _summary(ttfts, statistics.median)
 
         rows.append({"when": _when(ts), "kind": kind, "label": label,
-                     "before": stats(before), "after": stats(after)})  # fmt: skip
+                     "before": stats(before), "after": stats(after),
+                     "gateway_before": gateway_share(windows[g_lo:g_mid]),
+                     "gateway_after": gateway_share(windows[g_mid:g_hi])})  # fmt: skip
     return rows
 
 
@@ -326,6 +340,8 @@ def totals(data: ReportData) -> dict[str, Any]:
         "requests": requests,
         "coverage": covered / requests if requests else None,
         "misses": misses,
+        "gateway_requests": sum(int(e["requests"]) for e in data.gateway),
+        "gateway_hit_rate": gateway_share(data.gateway),
     }
 
 

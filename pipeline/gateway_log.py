@@ -6,6 +6,8 @@ record keeps the request as the client sent it (``request_body``: JSON in the cl
 order, less ``metadata``), so a warm-up can send that very request again: LiteLLM keys its
 cache on the request's model group and OpenAI parameters, and only the gateway itself knows
 that key exactly.
+
+The callback imports this module inside the proxy's process: it needs the standard library only.
 """
 
 from __future__ import annotations

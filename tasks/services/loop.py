@@ -31,6 +31,7 @@ import pandas as pd
 
 from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
+from pipeline.gateway_answers import cache_answers
 from pipeline.planner.candidates import configured_adapter_items
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason
@@ -213,6 +214,8 @@ class WarmLoop:
 
     def _warm(self, engine: EngineSettings, outcome: Outcome) -> ObservationsSnapshot:
         snapshot, new = self.observe(engine)
+        answers = cache_answers(new.records, self.settings.schedule.window_s)
+        telemetry.record_gateway(self.store, engine.name, answers, now=self.clock())
         outcome.observations = snapshot.version.to_dict()
         outcome.sources = [r.to_dict() for r in new.reads]
         if self.settings.template_repos and len(new.records) and snapshot.records is not None:

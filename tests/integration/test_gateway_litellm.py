@@ -18,6 +18,7 @@ hit read one entry of prewarm's).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -69,8 +70,8 @@ def sampled_chat(n: int) -> dict:
             "messages": [{"role": "user", "content": f"Write a slogan, idea {n}."}]}  # fmt: skip
 
 
-def client_window(proxy: LitellmProxy, window: int) -> None:
-    """One window of client traffic."""
+def client_window(proxy: LitellmProxy, window: int) -> int:
+    """One window of client traffic; how many requests it sent."""
     rid = lambda: f"client-{uuid.uuid4().hex}"  # noqa: E731  (a request id per request)
     for body in recurring_chats():
         proxy.post("/v1/chat/completions", body, rid())
@@ -80,6 +81,15 @@ def client_window(proxy: LitellmProxy, window: int) -> None:
     for n in range(0, len(RECURRING_INPUTS), 2):  # two recurring inputs and a new one each
         inputs = [*RECURRING_INPUTS[n : n + 2], f"a one-off text {window}-{n}"]
         proxy.post("/v1/embeddings", {"model": EMBED, "input": inputs}, rid())
+    return len(recurring_chats()) + 8 + len(RECURRING_INPUTS) // 2
+
+
+def start_beat(folder: Path, env: dict[str, str]) -> subprocess.Popen:
+    log = (folder / "beat.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
+        env=env, cwd=folder, stdout=log, stderr=log,
+    )  # fmt: skip
 
 
 def config_toml(path: Path, sim_url: str, proxy: LitellmProxy, cache: CacheRedis,
@@ -153,16 +163,13 @@ def stack(tmp_path, broker_url, store_url):
         worker = WorkerProcess(tmp_path / "worker.log", env=env)
         processes.append(worker)
         worker.wait_ready()
-        beat_log = (tmp_path / "beat.log").open("wb")
-        beat = subprocess.Popen(
-            [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
-            env=env, cwd=tmp_path, stdout=beat_log, stderr=beat_log,
-        )  # fmt: skip
+        beats = [start_beat(tmp_path, env)]
         settings = load_settings(env)
         yield {"proxy": proxy, "cache": cache, "settings": settings, "ready_s": ready_s,
-               "store": store_client(settings), "beat": beat}  # fmt: skip
+               "store": store_client(settings), "beats": beats, "env": env,
+               "folder": tmp_path}  # fmt: skip
     finally:
-        if processes:
+        for beat in beats if processes else []:
             beat.terminate()
             beat.wait(20)
         for process in processes:
@@ -179,16 +186,17 @@ def test_the_loop_warms_an_emptied_gateway_cache_with_what_its_clients_repeat(st
         stack["store"],
         stack["settings"],
     )
+    sent = 0
     for window in range(3):  # a few windows of clients, the loop ticking along
-        client_window(proxy, window)
+        sent += client_window(proxy, window)
         time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.2)
     before = len(cache.entries(NAMESPACE))
     proxy.stop()  # a deploy: the proxy restarts and its Redis is emptied
     cache.client.flushall()
     restart_s = proxy.restart()
     tick = wait_for_tick_after(store, settings, time.time())
-    stack["beat"].terminate()  # prewarm's warm-ups stop: what follows is the clients' window
-    stack["beat"].wait(20)
+    stack["beats"][0].terminate()  # prewarm's warm-ups stop: what follows is the clients' window
+    stack["beats"][0].wait(20)
     time.sleep(WINDOW_S)  # a tick beat sent before it stopped ends
     warmed = cache.entries(NAMESPACE)
 
@@ -203,6 +211,7 @@ def test_the_loop_warms_an_emptied_gateway_cache_with_what_its_clients_repeat(st
         ids.append(f"next-{uuid.uuid4().hex}")
         proxy.post("/v1/embeddings", {"model": EMBED, "input": [text]}, ids[-1])
     proxy.post("/v1/chat/completions", one_off_chat("next"), f"next-{uuid.uuid4().hex}")
+    sent += len(chats) + len(RECURRING_INPUTS) + 1
     time.sleep(1.0)  # the callback writes after each answer
     lines = log_lines(proxy.log_path)
     embed_hits = [bool(lines[i]["cache_hit"]) for i in ids if i in lines]
@@ -224,3 +233,23 @@ def test_the_loop_warms_an_emptied_gateway_cache_with_what_its_clients_repeat(st
     # one entry per recurring request and input: nothing for one-offs or sampled requests
     assert len(warmed) == len(chats) + len(RECURRING_INPUTS)
     assert tick["failed"] == 0
+
+    # the loop reads that window too: /metrics and the report count the clients' requests
+    # (prewarm's own warm-ups and checks left out) and the share its cache answered
+    stack["beats"].append(start_beat(stack["folder"], stack["env"]))
+    wait_for_tick_after(store, settings, time.time())
+    from starlette.testclient import TestClient
+
+    from jobs.api import build_api
+    from jobs.report import load, totals
+
+    with TestClient(build_api(settings)) as client:
+        metrics = client.get("/metrics").text
+    ratio = float(re.search(r'^prewarm_gateway_cache_hit_ratio\{engine="sim"\} (\S+)$', metrics,
+                            re.M).group(1))  # fmt: skip
+    summary = totals(load(store, "sim", 0, time.time()))
+    print(f"gateway requests read {summary['gateway_requests']} of {sent} sent by clients; "
+          f"answered from the cache over the run {summary['gateway_hit_rate']:.2f}; "
+          f"at the last read {ratio:.2f}")  # fmt: skip
+    assert summary["gateway_requests"] == sent
+    assert ratio == pytest.approx((sum(hits) + sum(embed_hits)) / (len(chats) + len(ids) + 1))

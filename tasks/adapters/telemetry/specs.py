@@ -108,6 +108,15 @@ SPECS: dict[str, MetricSpec] = {
         "The engine process's start time (a change is a restart)"
     ),
     "prewarm_engine_restarts_total": counter("Engine restarts seen by the watcher"),
+    "prewarm_gateway_requests_total": counter(
+        "Requests the engine's gateways logged (prewarm's own left out)"
+    ),
+    "prewarm_gateway_cache_hits_total": counter(
+        "Requests the engine's gateways answered from their cache"
+    ),
+    "prewarm_gateway_cache_hit_ratio": gauge(
+        "Share of the gateway requests read at the last tick answered from the gateway's cache"
+    ),
 }
 
 

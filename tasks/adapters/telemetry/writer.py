@@ -191,6 +191,34 @@ def record_engine_sample(
         pipe.execute()
 
 
+# -- gateways ------------------------------------------------------------------------------
+def record_gateway(
+    store: redis.Redis,
+    engine: str,
+    windows: Sequence[tuple[float, int, int]],
+    now: float | None = None,
+) -> None:
+    """What the engine's gateways answered, per window of requests read at a tick: (window
+    start, requests, answered from the gateway's cache); the report's before/after reads
+    these events."""
+    if not windows:
+        return
+    now = time.time() if now is None else now
+    one = (engine,)
+    requests, hits = sum(w[1] for w in windows), sum(w[2] for w in windows)
+    with store.pipeline(transaction=False) as pipe:
+        series = _SeriesWriter(pipe)
+        series.add("prewarm_gateway_requests_total", one, requests)
+        series.add("prewarm_gateway_cache_hits_total", one, hits)
+        series.set(
+            {("prewarm_gateway_cache_hit_ratio", one): hits / requests if requests else None}
+        )
+        for start, n, cached in windows:
+            data = {"requests": n, "hits": cached, "read": now}  # (two reads of one window)
+            _history(pipe, engine, "gateway", start, data, trim=True)
+        pipe.execute()
+
+
 # -- windows -------------------------------------------------------------------------------
 def _trim_items(store: redis.Redis, engine: str) -> None:
     """Keep the newest :data:`MAX_ITEMS` of the engine's warmed batches and planned items."""

@@ -154,3 +154,28 @@ def test_the_callback_writes_one_line_a_request_without_metadata(tmp_path, monke
     assert [w["status"] for w in written] == ["success", "failure"]
     result = ingest_paths([tmp_path / "log.jsonl"], IngestOptions())
     assert len(result.records) == 2 and bool(result.records["cache_hit"].all())
+
+
+def test_the_callback_needs_only_the_standard_library_and_pydantic(tmp_path):
+    # The proxy's environment has LiteLLM, not prewarm's dependencies: importing the callback
+    # must not load pandas, numpy, redis, httpx or Celery.
+    script = """
+import sys, types
+blocked = {"pandas", "numpy", "redis", "httpx", "celery", "pyarrow"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ImportError(f"{name} imported")
+sys.meta_path.insert(0, Block())
+for name in ("litellm", "litellm.integrations", "litellm.integrations.custom_logger"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["litellm.integrations.custom_logger"].CustomLogger = object
+import jobs.litellm_log
+print("imported")
+"""
+    import subprocess
+
+    env = {"PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "imported", done.stderr[-2000:]
