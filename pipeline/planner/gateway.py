@@ -6,13 +6,16 @@ and OpenAI parameters equal an earlier one's. From the gateway's request log
 deterministic parameters become ``response`` items, and the embeddings inputs used as often
 (LiteLLM caches each input on its own) ``embedding`` items. Each item carries the request to
 send (``WarmItem.request``); its key is prewarm's name for it, never the gateway's cache key.
+When a template changes, :func:`changed_template_items` gives the same requests as the new
+version renders them.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -67,6 +70,60 @@ def gateway_items(records: pd.DataFrame, gateway: str, min_count: int = 2) -> li
         if n >= min_count:
             items.append(_item(gateway, endpoint, json.loads(text), float(n)))
     return items
+
+
+@dataclass(frozen=True)
+class HeadChange:
+    """A template's static head before and after a change, and the new version's tag."""
+
+    old: str
+    new: str
+    tag: str
+
+
+def changed_template_items(
+    records: pd.DataFrame,
+    gateway: str,
+    changes: Sequence[HeadChange],
+    min_count: int = 2,
+    offset: int = 64,
+) -> list[WarmItem]:
+    """The requests clients repeat that a changed template rendered, as the new version renders
+    them: a message's content (or the completions prompt) that holds a changed head within
+    ``offset`` characters of its start gets the new head in its place, the rest as it was.
+    That is exactly the new rendering when the change is in the head; a change past the head
+    (new variables, other blocks) cannot be rendered without the variables, which no log
+    holds, and such a request is simply met by the gateway on its first use."""
+    items = []
+    for (endpoint, text), n in _uses(gateway_requests(records)).items():
+        if n < min_count or endpoint == "embeddings":
+            continue
+        for change in sorted(changes, key=lambda c: len(c.old), reverse=True):
+            body = _with_new_head(json.loads(text), change, offset)
+            if body is not None:
+                item = _item(gateway, endpoint, body, float(n))
+                items.append(replace(item, template=change.tag))
+                break
+    return items
+
+
+def _with_new_head(body: dict[str, Any], change: HeadChange, offset: int) -> dict[str, Any] | None:
+    def swapped(text: Any) -> str | None:
+        if not isinstance(text, str):
+            return None
+        at = text.find(change.old, 0, offset + len(change.old))
+        return None if at < 0 else text[:at] + change.new + text[at + len(change.old) :]
+
+    if isinstance(body.get("messages"), list):
+        for n, message in enumerate(body["messages"]):
+            content = swapped(message.get("content") if isinstance(message, dict) else None)
+            if content is not None:
+                messages = list(body["messages"])
+                messages[n] = {**message, "content": content}
+                return {**body, "messages": messages}
+        return None
+    prompt = swapped(body.get("prompt"))
+    return None if prompt is None else {**body, "prompt": prompt}
 
 
 def _item(gateway: str, endpoint: str, body: Mapping[str, Any], hits: float) -> WarmItem:

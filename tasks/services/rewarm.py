@@ -6,8 +6,9 @@ Per repository, a Redis hash maps each template id to the version that is *servi
 2. primes the new versions' static prefixes into the configured engines — planned by the one
    planner (reason ``template``) for completions users (the head as a prompt) and chat users
    (the head as the system message, rendered by the engine's own chat template) alike, hottest
-   last — each engine's items as one transaction in the warm-up WAL
-   (``tasks.services.batch_runner``),
+   last — and warms the engines' gateways with the requests their clients repeat that a
+   changed head rendered, as the new head renders them; each engine's items as one
+   transaction in the warm-up WAL (``tasks.services.batch_runner``),
 3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
 4. only then deletes cache entries keyed with the retired versions.
 
@@ -23,13 +24,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import EngineUnavailableError, PrewarmError
+from pipeline.own_requests import own_mask
 from pipeline.planner.candidates import TemplateHead, template_head_items
+from pipeline.planner.gateway import HeadChange, changed_template_items
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason
 from pipeline.records import records_frame
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from pipeline.wal import TxnState
+from tasks.adapters.observations import Observations
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import Store
 from tasks.adapters.targets.base import WarmOptions
@@ -117,11 +121,43 @@ def template_heads(templates: Iterable[Template], heat: Mapping[str, int]) -> li
     ]
 
 
+def head_changes(rewarm: RewarmSet, old_heads: Mapping[str, str]) -> list[HeadChange]:
+    """The changed templates whose static head changed: the serving version's head (by template
+    id, ``old_heads``) against the new version's."""
+    changes = []
+    for template in rewarm.warm:
+        old = old_heads.get(template.template_id)
+        if old and template.static_prefix and old != template.static_prefix:
+            changes.append(HeadChange(old, template.static_prefix, version_tag(template)))
+    return changes
+
+
+def gateway_rewarm_items(
+    settings: Settings, engine: EngineSettings, changes: Sequence[HeadChange]
+) -> list[WarmItem]:
+    """The requests clients of ``engine``'s gateways repeat that the changed templates rendered,
+    as their new versions render them (from the engine's observations; prewarm's own left
+    out). The old versions' entries age out by the gateway's TTL."""
+    gateways = settings.gateways_of(engine.name)
+    records = Observations(settings.data_dir, engine.name).records() if gateways else None
+    if not changes or records is None or records.empty:
+        return []
+    users = records[~own_mask(records)]
+    return [item for g in gateways for item in changed_template_items(
+        users, g.name, changes, g.min_count, HEAD_OFFSET_CHARS)]  # fmt: skip
+
+
 def template_plan(
-    settings: Settings, engine: EngineSettings, rewarm: RewarmSet, heat: Mapping[str, int]
+    settings: Settings,
+    engine: EngineSettings,
+    rewarm: RewarmSet,
+    heat: Mapping[str, int],
+    old_heads: Mapping[str, str] | None = None,
 ) -> WarmPlan:
-    """The one planner's plan (reason ``template``) for the new versions on ``engine``."""
+    """The one planner's plan (reason ``template``) for the new versions on ``engine``: their
+    heads, and the gateways' entries of the changed templates' frequent requests."""
     extra = template_head_items(template_heads(rewarm.warm, heat), engine.model)
+    extra += gateway_rewarm_items(settings, engine, head_changes(rewarm, old_heads or {}))
     request = planning.plan_request(settings, engine.name)
     return planning.plan_for(records_frame([]), request, reason=PlanReason.TEMPLATE,
                              engine=engine, forecast="frequency", extra=extra)  # fmt: skip
@@ -161,8 +197,10 @@ def rewarm_repo(
 ) -> dict[str, Any]:
     """Re-warm one repository's changed templates on every engine that serves its model."""
     engines = engines_for(settings, repo)
+    old_heads = {tid: str(record.get("static_prefix") or "")
+                 for tid, record in serving(store, repo.name).items()}  # fmt: skip
     per_engine = {
-        e.name: template_plan(settings, e, rewarm, hotness(store, repo.name, e.name))
+        e.name: template_plan(settings, e, rewarm, hotness(store, repo.name, e.name), old_heads)
         for e in engines
     }
 

@@ -13,6 +13,8 @@ the entries in the proxy's Redis after the warm-up are counted against the cache
 window in the proxy's request log (a chat hit names its entry's key; an embeddings hit names
 none, but each recurring input is asked once and only prewarm wrote since the deploy, so each
 hit read one entry of prewarm's).
+
+Marked ``slow``: about 75-105 s here (two proxy starts of 12-18 s, three windows of traffic).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from pipeline.gateway_log import LOG_TAG
-from pipeline.planner.gateway import gateway_items
+from pipeline.planner.gateway import HeadChange, changed_template_items, gateway_items
 from pipeline.records import records_frame
 from pipeline.wal import Effect
 from tasks.adapters.gateway_client import CACHE_KEY_HEADER, GatewayClient, GatewayLog
@@ -123,3 +123,32 @@ def test_embeddings_are_verified_by_the_gateways_log(tmp_path):
     results = target.apply(items, ctx)
     target.verify(items, results, ctx)
     assert not any(r.ok for r in results)
+
+
+def test_a_changed_head_gives_the_new_renderings_of_what_clients_repeat():
+    old, new = "You are the billing assistant. Be brief. ", "You are the billing assistant. "
+    change = HeadChange(old, new, "billing@2")
+
+    def chat(system: str) -> dict:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+        return {"model": "m", "temperature": 0, "messages": messages}
+
+    bodies = [
+        ("chat", chat(old + "Customer: Bob")),
+        ("chat", chat("Translate: " + "x" * 200)),
+        ("completions", {"model": "m", "prompt": old + "Q: refund?", "temperature": 0}),
+        ("chat", chat("Preamble " * 20 + old)),  # the head far from the start: not the template
+    ]
+    rows = [
+        {"ts": "2026-01-01T00:00:00Z", "endpoint": e, "request_body": json.dumps(b),
+         "request_id": f"r{n}-{i}"}
+        for i, (e, b) in enumerate(bodies) for n in range(2)
+    ]  # fmt: skip
+    items = changed_template_items(records_frame(rows), "edge", [change])
+    rendered = sorted(json.dumps(i.request) for i in items)
+    assert rendered == sorted([json.dumps(chat(new + "Customer: Bob")),
+                               json.dumps({"model": "m", "prompt": new + "Q: refund?",
+                                           "temperature": 0})])  # fmt: skip
+    assert {i.template for i in items} == {"billing@2"} and all(i.gateway == "edge" for i in items)
+    # asked once: not frequent, nothing to warm
+    assert changed_template_items(records_frame(rows[::2]), "edge", [change]) == []
