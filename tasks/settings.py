@@ -254,7 +254,7 @@ class Settings(_Section):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     result_url: str | None = None
-    # prewarm's own state (WAL, response cache, de-duplication); defaults to the broker's Redis.
+    # prewarm's own state (WAL, plans, telemetry, de-duplication); defaults to the broker's Redis.
     store_url: str | None = None
     data_dir: Path = Path(".prewarm")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

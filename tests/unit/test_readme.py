@@ -61,6 +61,7 @@ def test_every_field_of_every_settings_section_is_documented():
         settings_module.BudgetSettings, settings_module.ScheduleSettings,
         settings_module.TenantSettings, settings_module.SourceSettings,
         settings_module.KvEventSourceSettings, settings_module.LoopSettings,
+        settings_module.GatewaySettings,
     )  # fmt: skip
     for section in sections:
         for field in section.model_fields:

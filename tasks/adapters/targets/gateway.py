@@ -80,11 +80,21 @@ def _verify_response(item: WarmItem, result: ItemResult, ctx: BatchContext) -> N
         except PrewarmError as exc:
             result.fail(f"verify: {exc}")
             return
+        if answer.cache_key and not _in_namespace(client, answer.cache_key):
+            namespace = client.gateway.namespace
+            result.fail(f"verify: the gateway named {answer.cache_key!r}, outside namespace "
+                        f"{namespace!r}: its cache_params and [[gateways]] differ")  # fmt: skip
+            return
         if answer.cache_key and _in_redis(client, answer.cache_key):
             _stored(item, result, ctx, answer)
             return
         ctx.sleep(VERIFY_PAUSE_S)
     result.fail(f"verify: not answered from the gateway's cache after {VERIFY_ATTEMPTS} repeats")
+
+
+def _in_namespace(client: GatewayClient, key: str) -> bool:
+    namespace = client.gateway.namespace
+    return not namespace or key.startswith(f"{namespace}:")
 
 
 def _in_redis(client: GatewayClient, key: str) -> bool:
@@ -120,7 +130,11 @@ def _stored(item: WarmItem, result: ItemResult, ctx: BatchContext, answer: Gatew
     result.verified_by = "gateway"
     result.gateway_key = answer.cache_key
     if answer.cache_key:
-        undo = {"op": DELETE, "gateway": item.gateway, "keys": [answer.cache_key]}
+        client = ctx.gateways[item.gateway or ""]
+        # when it ages out by the gateway's TTL, where no rollback deletes it
+        left = client.stored_ttl_s(answer.cache_key) if client.cache else client.gateway.ttl_s
+        undo = {"op": DELETE, "gateway": item.gateway, "keys": [answer.cache_key],
+                "ages_out_s": left}  # fmt: skip
         ctx.record([Effect(ctx.next_seq(), "gateway", "stored", answer.cache_key, True, None,
                            undo, item.key)])  # fmt: skip
 

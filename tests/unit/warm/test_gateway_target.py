@@ -152,3 +152,15 @@ def test_a_changed_head_gives_the_new_renderings_of_what_clients_repeat():
     assert {i.template for i in items} == {"billing@2"} and all(i.gateway == "edge" for i in items)
     # asked once: not frequent, nothing to warm
     assert changed_template_items(records_frame(rows[::2]), "edge", [change]) == []
+
+
+def test_a_key_outside_the_configured_namespace_fails_naming_both():
+    mock = MockGateway()
+    ctx, recorded = _ctx(mock)
+    other = GatewaySettings(name="edge", url="http://gateway.test", engine="e", namespace="prod")
+    ctx.gateways["edge"] = GatewayClient(other, transport=httpx.MockTransport(mock))
+    [item] = _items([("chat", CHAT)])
+    results = target.apply([item], ctx)
+    target.verify([item], results, ctx)
+    assert not results[0].ok and "outside namespace 'prod'" in results[0].detail
+    assert [e.undo for e in recorded] == [None]  # nothing recorded as the gateway's entry
