@@ -179,3 +179,19 @@ print("imported")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=REPO_ROOT, env=env, timeout=60)  # fmt: skip
     assert done.stdout.strip() == "imported", done.stderr[-2000:]
+
+
+def test_litellm_is_an_extra_and_only_the_callback_imports_it():
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.lower().startswith("litellm")]
+    assert any(d.startswith("litellm") for d in project["optional-dependencies"]["litellm"])
+    importing = sorted(
+        str(path.relative_to(REPO_ROOT))
+        for package in ("pipeline", "models", "tasks", "jobs")
+        for path in (REPO_ROOT / package).rglob("*.py")
+        if re.search(r"^\s*(from|import) litellm\b", path.read_text(), re.M)
+    )
+    assert importing == ["jobs/litellm_log.py"]
