@@ -15,7 +15,8 @@ from tests.conftest import SHARED_DATA
 EXAMPLES = SHARED_DATA / "logs" / "examples"
 SPEC_ONLY = Path(__file__).resolve().parents[2] / "data" / "ingest"
 ALL_FILES = sorted(EXAMPLES.iterdir()) + sorted(SPEC_ONLY.iterdir())
-EXPECTED_FORMAT = {"vllm": "vllm", "tgi-json": "tgi-json", "tgi-text": "tgi-text"}
+EXPECTED_FORMAT = {"vllm": "vllm", "tgi-json": "tgi-json", "tgi-text": "tgi-text",
+                   "litellm": "litellm-jsonl"}  # fmt: skip
 
 
 def _one(path: Path, **options):
