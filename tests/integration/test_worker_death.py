@@ -11,6 +11,7 @@ it is resumed.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import threading
@@ -24,7 +25,6 @@ import redis
 
 from jobs.embedded import WorkerProcess
 from jobs.simulator import LatencyModel, SimulatorConfig, SimulatorServer
-from pipeline.keys import decode_value
 from pipeline.planner.plan import WarmPlan
 from tasks.adapters.targets.base import WarmOptions
 from tasks.settings import Settings
@@ -33,7 +33,7 @@ from tests.conftest import worker_env
 from tests.integration.warm.conftest import (
     MODEL,
     plan_of,
-    response_item,
+    prefix_item,
     settings_for,
     write_config,
 )
@@ -81,7 +81,7 @@ class Sweeper(threading.Thread):
 def sim() -> Iterator[SimulatorServer]:
     config = SimulatorConfig(model=MODEL, latency=LatencyModel(0.0, 0.0, 2.0))
     with SimulatorServer(config) as server:
-        server.engine.config.faults.delay_s = 0.03  # each batch takes a moment: room to kill
+        server.engine.config.faults.delay_s = 0.06  # each batch takes a moment: room to kill
         yield server
 
 
@@ -188,10 +188,10 @@ def _check_batches(store: redis.Redis, plan: WarmPlan, options: WarmOptions) -> 
         # Ordered: no attempt of a batch began before the previous batch had committed.
         assert float(attempts[0]["created"]) >= previous_commit_end, (batch, attempts)
         previous_commit_end = float(attempts[-1]["ended"])
-    for items in plan.batches(options.batch_size):
-        for item in items:  # the committed state, whole: never the before-image, never a mix
-            value = decode_value(store.get(item.key))
-            assert value is not None and value.get("item") == item.key, item.key
+    for batch, items in enumerate(plan.batches(options.batch_size)):
+        # the committed attempt warmed and verified every item of its batch
+        result = json.loads(store.hget(f"pw:plan:{plan.plan_id}:done", str(batch)))
+        assert (result["ok"], result["failed"]) == (len(items), 0), result
     return reruns
 
 
@@ -204,9 +204,10 @@ def _first_start_after(store: redis.Redis, plan_id: str, moment: float) -> float
 
 def _kill_in_the_middle(workers: Workers, store, sweeper: Sweeper, rng, tag: str, restart: bool):
     settings = sweeper.settings
-    items = [response_item(i, f"{tag}") for i in range(BATCHES * PER_BATCH)]
+    items = [prefix_item(i, f"{tag}") for i in range(BATCHES * PER_BATCH)]
     plan = plan_of(items, batch_size=PER_BATCH)
-    options = WarmOptions(batch_size=PER_BATCH, ordered=True)
+    # one prompt per request: each batch takes a few of the engine's delayed answers
+    options = WarmOptions(batch_size=PER_BATCH, ordered=True, prompts_per_request=1)
     plan_id = submit_plan(plan, settings=settings, options=options, queue=workers.queue)
     time.sleep(rng.uniform(0.0, 1.0))
     batch, pool_pid = _claimed_batch(store, plan_id)

@@ -12,7 +12,7 @@ from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
 from tasks.services.batch_runner import BatchRunner
 from tasks.settings import METRICS_FLUSH_S, current_settings
-from tests.integration.warm.conftest import plan_of, prefix_item, response_item
+from tests.integration.warm.conftest import plan_of, prefix_item
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,9 @@ def test_a_committed_batch_counts_once_with_its_commit(sim, warm_settings, store
 
 
 def test_a_rolled_back_batch_counts_its_failures(sim, warm_settings, store):
-    items = [response_item(n, "metrics-fail") for n in range(2)]
+    items = [prefix_item(n, "metrics-fail") for n in range(2)]
     plan = plan_of(items)
-    options = WarmOptions(retry_attempts=1, timeout_s=0.5)
+    options = WarmOptions(retry_attempts=1, timeout_s=0.5, prompts_per_request=1)
     PlanStore(store).save(plan, "sim", options)
     sim.engine.config.faults.error_rate = 1.0
     try:
