@@ -1,18 +1,15 @@
 """The template serving store: per repository, the version of each template that is serving,
-the re-warm records (one per sha), request counts per template (hotness, per source), and the
-retirement of cache entries keyed with retired versions."""
+the re-warm records (one per sha) and request counts per template (hotness, per source)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-from pipeline.keys import ROOT, safe_part
 from pipeline.template_diff import RewarmSet, version_tag
 from pipeline.templates import Template
 from tasks.adapters import redis_keys
@@ -89,25 +86,6 @@ def record_transaction(
 ) -> None:
     record.update(changes, updated=time.time())
     store.set(key, json.dumps(record), ex=_TXN_TTL_S)
-
-
-def retire_entries(store: redis.Redis, templates: Sequence[Template]) -> int:
-    """Delete every cache entry keyed with one of the retired versions; returns how many.
-
-    One pass over the cache keys, whatever the number of retired versions: a key's template
-    part (``pw:v1:t:<tenant>:<kind>:<model>:<template>:…``) is looked up in the retired set.
-    """
-    if not templates:
-        return 0
-    retired = {safe_part(version_tag(t)) for t in templates}
-    deleted, batch = 0, []
-    for key in store.scan_iter(match=f"{ROOT}:v*:t:*", count=1000):
-        parts = _text(key).split(":")
-        if len(parts) == 9 and parts[6] in retired:
-            batch.append(key)
-        if len(batch) >= 500:
-            deleted, batch = deleted + int(store.unlink(*batch)), []
-    return deleted + (int(store.unlink(*batch)) if batch else 0)
 
 
 def commit_serving(

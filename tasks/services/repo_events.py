@@ -75,7 +75,7 @@ def _process_locked(
 
 
 def _brief(record: dict[str, Any]) -> dict[str, Any]:
-    keep = ("warm", "retire", "changes", "rejects", "items", "retired_entries")
+    keep = ("warm", "retire", "changes", "rejects", "items")
     return {key: record[key] for key in keep if key in record}
 
 

@@ -9,8 +9,9 @@ Per repository, a Redis hash maps each template id to the version that is *servi
    last — and warms the engines' gateways with the requests their clients repeat that a
    changed head rendered, as the new head renders them; each engine's items as one
    transaction in the warm-up WAL (``tasks.services.batch_runner``),
-3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``,
-4. only then deletes cache entries keyed with the retired versions.
+3. on success flips the serving versions and the processed sha in one ``MULTI``/``EXEC``;
+   the gateways' entries of the retired versions age out by each gateway's TTL (prewarm keeps
+   no cache of its own to delete them from).
 
 If priming fails the record says ``rolled_back`` and nothing else changed: the old versions keep
 serving, and the next push or poll tries again from the last processed sha.
@@ -43,7 +44,6 @@ from tasks.adapters.template_serving import (
     commit_serving,
     hotness,
     record_transaction,
-    retire_entries,
     serving,
     store_hotness,
 )
@@ -65,7 +65,7 @@ def apply_rewarm(
     items: Sequence[WarmItem],
     prime: Primer,
 ) -> dict[str, Any]:
-    """Warm ``items``, commit the new versions, then retire the old ones; see the module doc."""
+    """Warm ``items``, then commit the new versions; see the module doc."""
     txn_key = TXN_KEY.format(repo=repo, sha=sha)
     record: dict[str, Any] = {"repo": repo, "sha": sha, "started": time.time(), **rewarm.summary()}
     record_transaction(store, txn_key, record, state=str(TxnState.APPLYING), items=len(items))
@@ -76,8 +76,6 @@ def apply_rewarm(
         raise
     commit_serving(store, repo, sha, rewarm, txn_key)
     record_transaction(store, txn_key, record, state=str(TxnState.COMMITTED), committed=time.time())
-    retired = retire_entries(store, rewarm.retire)
-    record_transaction(store, txn_key, record, retired_entries=retired, retired_at=time.time())
     return record
 
 
