@@ -14,7 +14,7 @@ window in the proxy's request log (a chat hit names its entry's key; an embeddin
 none, but each recurring input is asked once and only prewarm wrote since the deploy, so each
 hit read one entry of prewarm's).
 
-Marked ``slow``: about 75-105 s here (two proxy starts of 12-18 s, three windows of traffic).
+Marked ``slow``: 74-118 s here (two proxy starts of 12-26 s, three windows of traffic).
 """
 
 from __future__ import annotations
