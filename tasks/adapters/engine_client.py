@@ -26,13 +26,12 @@ from tasks.settings import EngineSettings
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """What a warm-up request learned: output, cache use, timing, confidence."""
+    """What a warm-up request learned: output, cache use, timing."""
 
     text: str
     prompt_tokens: int
     cached_tokens: int | None
     elapsed_s: float
-    mean_logprob: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +100,7 @@ class EngineClient:
     def _where(self, path: str) -> str:
         return f"engine {self.engine.name} {path}"
 
-    def complete(self, item: WarmItem, max_tokens: int = 1, logprobs: bool = False) -> Completion:
+    def complete(self, item: WarmItem, max_tokens: int = 1) -> Completion:
         """One request for ``item``'s prompt, through the chat route when it has messages."""
         payload: dict[str, Any] = {
             **item.params,
@@ -114,12 +113,8 @@ class EngineClient:
         chat = item.messages is not None
         if chat:
             payload["messages"] = [dict(m) for m in item.messages or ()]
-            if logprobs:
-                payload["logprobs"] = True
         else:
             payload["prompt"] = _prompt(item)
-            if logprobs:
-                payload["logprobs"] = 1
         started = time.perf_counter()
         body = self.post("/v1/chat/completions" if chat else "/v1/completions", payload).json()
         return _completion(body, time.perf_counter() - started, chat)
@@ -191,12 +186,6 @@ class EngineClient:
             if exc.status not in (400, 404):
                 raise
 
-    def embed(self, texts: list[str], model: str | None = None) -> list[list[float]]:
-        """Embeddings from the engine's ``/v1/embeddings`` route."""
-        payload = {"model": model or self.engine.model, "input": texts}
-        data = self.post("/v1/embeddings", payload).json()["data"]
-        return [row["embedding"] for row in sorted(data, key=lambda row: row["index"])]
-
 
 def _prompt(item: WarmItem) -> str | list[int] | None:
     """A text prompt, or the exact token ids of a prefix learned from KV-cache events."""
@@ -213,18 +202,7 @@ def _completion(body: Mapping[str, Any], elapsed: float, chat: bool) -> Completi
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         cached_tokens=details.get("cached_tokens"),
         elapsed_s=elapsed,
-        mean_logprob=_mean_logprob(choice.get("logprobs"), chat),
     )
-
-
-def _mean_logprob(logprobs: Mapping[str, Any] | None, chat: bool) -> float | None:
-    if not logprobs:
-        return None
-    if chat:
-        values = [entry["logprob"] for entry in logprobs.get("content") or []]
-    else:
-        values = [v for v in logprobs.get("token_logprobs") or [] if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def samples_from_text(text: str, names: frozenset[str]) -> list[tuple[str, dict[str, str], float]]:
