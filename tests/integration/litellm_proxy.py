@@ -3,16 +3,19 @@ with its own Redis as its cache and prewarm's callback writing its request log.
 
 The proxy runs in whatever environment holds ``litellm[proxy]``: ``PREWARM_TEST_LITELLM`` names
 its ``litellm`` command, else the one on ``PATH``. LiteLLM's dependencies pin versions the
-models extra cannot share (``huggingface_hub<2``), so it often lives in a virtual environment
-of its own; the callback needs no prewarm install there, only this repository on
-``PYTHONPATH``. Without a ``litellm`` command the tests are skipped on a laptop and fail in CI.
+models extra cannot share (``huggingface_hub<2``), so without either the tests bring their own:
+a virtual environment under ``.prewarm/litellm-venv`` with :data:`LITELLM` from PyPI, made once
+(under a file lock). The callback needs no prewarm install there, only this repository on
+``PYTHONPATH``. Where that cannot be made the tests are skipped on a laptop and fail in CI.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,15 +29,45 @@ from tests.conftest import REPO_ROOT
 MASTER_KEY = "sk-prewarm-test"
 
 
+#: What the tests' own LiteLLM environment installs (the version the gateway tests were run on).
+LITELLM = "litellm[proxy]==1.108.7"
+#: Where the tests make that environment (git ignores ``.prewarm/``).
+OWN_VENV = REPO_ROOT / ".prewarm" / "litellm-venv"
+
+
 def litellm_command() -> str:
-    """The ``litellm`` CLI to run, or a skip (a failure in CI) naming what is missing."""
+    """The ``litellm`` CLI to run (the tests' own environment is made when there is none), or a
+    skip (a failure in CI) naming what is missing."""
     command = os.environ.get("PREWARM_TEST_LITELLM") or shutil.which("litellm")
     if command and Path(command).exists():
         return command
-    message = "no litellm command (pip install 'litellm[proxy]'; or set PREWARM_TEST_LITELLM)"
+    made, why = _own_litellm()
+    if made is not None:
+        return made
+    message = f"no litellm command ({why}; or set PREWARM_TEST_LITELLM)"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def _own_litellm() -> tuple[str | None, str]:
+    """The ``litellm`` of the tests' own environment, made once; else None and why not."""
+    command = OWN_VENV / "bin" / "litellm"
+    OWN_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with (OWN_VENV.parent / "litellm-venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one maker; the others wait and find it made
+        if command.exists():
+            return str(command), ""
+        steps = (
+            [sys.executable, "-m", "venv", str(OWN_VENV)],
+            [str(OWN_VENV / "bin" / "python"), "-m", "pip", "install", "-q", LITELLM],
+        )
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
+            if done.returncode != 0:
+                shutil.rmtree(OWN_VENV, ignore_errors=True)
+                return None, f"{' '.join(step[-2:])} failed: {done.stderr.strip()[-300:]}"
+    return (str(command), "") if command.exists() else (None, f"{LITELLM} has no litellm command")
 
 
 class CacheRedis(EmbeddedRedis):
