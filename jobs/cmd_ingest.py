@@ -64,14 +64,18 @@ def _folder(folder: Path, where: str) -> None:
 def nothing_read(summary: dict[str, Any]) -> str | None:
     """Why a run found nothing prewarm can read (no files, or none in a known format), or None.
 
-    A file of a known format with nothing new in it (an incremental run) is not an error.
+    A file of a known format with nothing new in it (an incremental run) is not an error; an
+    empty file is no known format: nothing in it can be read.
     """
     files = summary["files"]
     if not files:
         return "no files found"
     if summary["records"] or summary["metrics"] or summary["windows"]:
         return None
-    if all(entry["format"] == "unknown" for entry in files):
+    empty = [Path(entry["path"]).name for entry in files if entry["format"] == "empty"]
+    if len(empty) == len(files):  # (named: a folder given may hold them)
+        return f"empty file{'s' if len(empty) > 1 else ''} ({', '.join(empty)})"
+    if all(entry["format"] in ("unknown", "empty") for entry in files):
         rejected = sum(sum(entry["rejected"].values()) for entry in files)
         return f"no file in a format prewarm reads ({len(files)} files, {rejected} lines rejected)"
     return None

@@ -151,7 +151,15 @@ def _inputs(tmp_path: Path) -> dict[str, Path]:
     control.write_bytes(b"INFO \x1b[2J\x1b]0;pwned\x07 not a log line\x00\x9b\n" * 3)
     cut = tmp_path / "cut.parquet"  # a Parquet file cut short: its magic, no footer
     cut.write_bytes(b"PAR1" + bytes(range(64)))
-    return {"empty": empty, "binary": binary, "control": control, "cut": cut}
+    empty_file = tmp_path / "nothing.log"
+    empty_file.write_bytes(b"")
+    return {
+        "empty": empty,
+        "binary": binary,
+        "control": control,
+        "cut": cut,
+        "empty file": empty_file,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +175,7 @@ def results(tmp_path_factory) -> dict[str, dict]:
         {"kind": "bad eval window", "argv": ["evaluate", empty, "--window", "bogus"]},
         {"kind": "bad forecast", "argv": ["plan", "--from", empty, "--forecast", "bogus"]},
         {"kind": "empty folder", "argv": ["ingest", empty, "--out", out]},
+        {"kind": "empty file", "argv": ["ingest", str(paths["empty file"]), "--out", out]},
         {"kind": "binary", "argv": ["ingest", str(paths["binary"]), "--out", out]},
         {"kind": "control", "argv": ["ingest", str(paths["control"]), "--out", out]},
         {"kind": "out is a file",
@@ -241,6 +250,7 @@ def test_version_and_h(results):
         ("bad eval window", ["--window", "bogus"]),
         ("bad forecast", ["prewarm plan", "--forecast", "bogus"]),
         ("empty folder", ["nothing to read", "no files"]),
+        ("empty file", ["nothing to read", "empty file", "nothing.log"]),
         ("binary", ["nothing to read", "format"]),
         ("control", ["nothing to read"]),
         ("out is a file", ["prewarm ingest", "--out", "is a file"]),
