@@ -33,6 +33,7 @@ RECORD_DTYPES: dict[str, str] = {
     "top_k": "Int64",
     "max_tokens": "Int64",
     "seed": "UInt64",  # TGI draws u64 seeds; vLLM's are >= 0 in practice (negative: missing)
+    "seed_used": "UInt64",  # the seed the server drew where the client sent none (TGI prints it)
     "params_hash": "string",
     "ttft_s": "Float64",
     "e2e_s": "Float64",

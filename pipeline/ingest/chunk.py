@@ -40,6 +40,7 @@ HEAD_FIELDS = (
     "top_k",
     "max_tokens",
     "seed",
+    "seed_used",
     "params_hash",
     "ttft_s",
     "e2e_s",

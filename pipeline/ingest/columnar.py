@@ -91,9 +91,9 @@ def durations_s(text: pa.Array) -> pa.Array:
 
 
 def _seed(text: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """``Some(<1 to 20 digits>)`` -> the seed; ``None`` -> null (the parameters' seed stays);
-    and where the number is past 64 bits (the Python path leaves it out: such a line goes
-    there). Numbers compared as texts of the same length: no decimal cast."""
+    """The span's ``seed`` (the one the server used): ``Some(<1 to 20 digits>)`` -> the seed,
+    ``None`` -> null; and where the number is past 64 bits (the Python path leaves it out:
+    such a line goes there). Numbers compared as texts of the same length: no decimal cast."""
     some = pc.starts_with(text, "Some(")
     digits = pc.if_else(some, pc.utf8_slice_codeunits(text, 5, -1), "0")
     length = pc.utf8_length(digits)
@@ -326,7 +326,6 @@ def _success_frame(
     rounded = pc.round(ratio, round_mode="half_to_even")
     fits = pc.and_(pc.is_finite(rounded), pc.less(pc.abs(rounded), 2.0**63))  # as as_count
     output = pc.cast(pc.if_else(fits, rounded, None), pa.int64())
-    seeds = pc.if_else(pc.is_valid(seed), seed, from_params["seed"])
     names = pa.array(list(endpoints))
     endpoint = pc.take(pa.array(list(endpoints.values())), pc.index_in(span, value_set=names))
     columns = {
@@ -344,7 +343,8 @@ def _success_frame(
         "max_tokens": (from_params["max_tokens"], "Int64"),
         "params_hash": (from_params["params_hash"], "string"),
         "adapter": (from_params["adapter"], "string"),
-        "seed": (seeds, "UInt64"),
+        "seed": (from_params["seed"], "UInt64"),  # what the client asked for
+        "seed_used": (seed, "UInt64"),
     }
     frame = pd.DataFrame({c: arrow_to_pandas(v, t) for c, (v, t) in columns.items()})
     return frame, unreadable

@@ -4,7 +4,9 @@
 ``rejected``, ``no permits available`` -> ``overloaded``, generation failures and incomplete
 generations -> ``failed``). TGI logs no request id. DEBUG ``Input:`` events are joined to the
 next ``Success`` with the same handler span and parameters whose arrival is closest to theirs
-(TGI gives nothing better to join on)."""
+(TGI gives nothing better to join on). ``seed`` is the seed the client asked for (in the
+printed ``GenerateParameters``), ``seed_used`` the one the span prints: the server draws one for
+a sampling request that asked for none."""
 
 from __future__ import annotations
 
@@ -149,7 +151,8 @@ class TgiRecords:
         self, event: TgiEvent, handler: str | None, fields: dict[str, str], status: str
     ) -> Record:
         """The fields every record of a request event has: time, id, status, endpoint,
-        sampling parameters and seed (and the prompt, where the span prints the request)."""
+        sampling parameters, the seeds asked for and used (and the prompt, where the span prints
+        the request)."""
         record: Record = {"ts": event.ts, "request_id": fields.get("_trace_id"),
                           "status": status, "_line": event.line}  # fmt: skip
         record["endpoint"] = fields.get("_route") or ENDPOINTS.get(handler or "")
@@ -162,9 +165,9 @@ class TgiRecords:
                 self._set_prompt(record, decode_rust_str(inputs.group(1)), streamed=True)
         if params_text:
             record.update(self.parameter_fields(params_text))
-        seed = rust_option(fields.get("seed"))
-        if seed is not None:
-            record["seed"] = seed_u64(seed)
+        seed_used = rust_option(fields.get("seed"))
+        if seed_used is not None:
+            record["seed_used"] = seed_u64(seed_used)
         check_text(record.values())
         return record
 

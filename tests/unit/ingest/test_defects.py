@@ -110,9 +110,10 @@ def test_u64_seeds_round_trip_exactly(tmp_path_factory, seeds):
     lines = [re.sub(r'total_time="[^"]*" ', "", x) if i % 2 else x for i, x in enumerate(lines)]
     path.write_text("\n".join(lines) + "\n")
     result = ingest_paths([path])
-    assert sorted(int(s) for s in result.records["seed"]) == sorted(seeds)  # in arrival order
+    used = result.records["seed_used"]  # (the span's seed: the one the server used)
+    assert sorted(int(s) for s in used) == sorted(seeds)  # in arrival order
     ingest_to_dir([path], folder / "out")
-    written = read_records(folder / "out" / "records.parquet")["seed"]
+    written = read_records(folder / "out" / "records.parquet")["seed_used"]
     assert sorted(int(s) for s in written) == sorted(seeds)
 
 
@@ -120,7 +121,7 @@ def test_a_negative_or_fractional_seed_is_left_out_not_altered(tmp_path):
     path = tmp_path / "tgi.log"
     lines = [re.sub(r'seed="Some\(\d+\)"', f'seed="Some({v})"', TGI_SEEDED) for v in ("-3", "1.5")]
     path.write_text("\n".join(lines) + "\n")
-    assert ingest_paths([path]).records["seed"].isna().all()
+    assert ingest_paths([path]).records[["seed", "seed_used"]].isna().all().all()
 
 
 # --- 4. TGI 1.x request ids -----------------------------------------------------------------

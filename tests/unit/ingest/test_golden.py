@@ -193,7 +193,8 @@ def test_tgi_text_v3_success_params_adapter_and_errors():
     assert first["output_tokens"] == 20  # 610.405028ms / 30.520251ms
     stream = rec.iloc[1]
     assert (stream["temperature"], stream["top_p"], stream["max_tokens"]) == (0.7, 0.9, 512)
-    assert stream["seed"] == 5730125847162003291
+    assert pd.isna(stream["seed"])  # the client asked for none (`seed: None`) ...
+    assert stream["seed_used"] == 5730125847162003291  # ... and the server drew this one
     adapter = rec[rec["adapter"].notna()]
     assert adapter["adapter"].tolist() == ["meta-llama/Llama-3.1-8B-Instruct"]
     assert rec["status"].tolist()[-4:] == ["rejected", "overloaded", "failed", "rejected"]
@@ -203,7 +204,8 @@ def test_tgi_text_v3_success_params_adapter_and_errors():
 def test_tgi_json_v3_matches_text_v3():
     text, _ = _one(EXAMPLES / "tgi-text-v3.txt")
     js, _ = _one(EXAMPLES / "tgi-json-v3.jsonl")
-    columns = ["ts", "endpoint", "max_tokens", "seed", "output_tokens", "status", "adapter"]
+    columns = ["ts", "endpoint", "max_tokens", "seed", "seed_used", "output_tokens", "status",
+               "adapter", "params_hash"]  # fmt: skip
     pd.testing.assert_frame_equal(text.records[columns], js.records[columns])
 
 
@@ -211,7 +213,7 @@ def test_tgi_text_v2_chat_without_parameters_and_u64_seed():
     result, _ = _one(EXAMPLES / "tgi-text-v2.txt")
     rec = result.records
     assert rec.iloc[0]["top_k"] == 10 and rec.iloc[0]["temperature"] == 0.5
-    assert rec.iloc[3]["seed"] == 17260921448817315329  # a u64 above 2**63, kept exactly
+    assert rec.iloc[3]["seed_used"] == 17260921448817315329  # a u64 above 2**63, kept exactly
     assert rec.iloc[2]["endpoint"] == "/v1/chat/completions"
     assert pd.isna(rec.iloc[2]["max_tokens"])
 
@@ -233,10 +235,11 @@ def test_tgi_v1_http_span_and_request_inputs_in_error_spans():
     rec = result.records
     assert rec["status"].tolist() == ["ok", "ok", "rejected", "overloaded"]
     assert rec.iloc[2]["prompt"] == 'My "quoted" prompt: {braces}\n'
-    assert rec.iloc[1]["seed"] == 7 and rec.iloc[1]["endpoint"] == "/"
+    assert rec.iloc[1]["seed_used"] == 7 and rec.iloc[1]["endpoint"] == "/"
+    assert rec["seed"].isna().all()  # no client sent one
     js, summary = _one(SPEC_ONLY / "tgi-json-v1.jsonl")
     assert js.records["endpoint"].tolist() == ["/generate", "/generate_stream"]
-    assert js.records.iloc[1]["seed"] == 3 and js.records.iloc[1]["output_tokens"] == 10
+    assert js.records.iloc[1]["seed_used"] == 3 and js.records.iloc[1]["output_tokens"] == 10
     assert summary.ignored["launcher or other line"] == 1
 
 
