@@ -2,11 +2,10 @@
 ``total_time`` when the times are resolved; timings from the span; ``output_tokens`` =
 ``inference_time / time_per_token``), and every error event of a request (validation ->
 ``rejected``, ``no permits available`` -> ``overloaded``, generation failures and incomplete
-generations -> ``failed``). TGI logs no request id. DEBUG ``Input:`` events are joined to the
-next ``Success`` with the same handler span and parameters whose arrival is closest to theirs
-(TGI gives nothing better to join on). ``seed`` is the seed the client asked for (in the
-printed ``GenerateParameters``), ``seed_used`` the one the span prints: the server draws one for
-a sampling request that asked for none."""
+generations -> ``failed``). TGI logs no request id. DEBUG ``Input:`` events give the prompt
+of the ``Success`` that ends their request (:mod:`.inputs` says how they are tied). ``seed``
+is the seed the client asked for (in the printed ``GenerateParameters``), ``seed_used`` the
+one the span prints: the server draws one for a sampling request that asked for none."""
 
 from __future__ import annotations
 
@@ -25,14 +24,8 @@ from pipeline.ingest.reprs import (
     seed_u64,
 )
 from pipeline.ingest.tgi.events import ENDPOINTS, TgiEvent
-from pipeline.ingest.tgi.values import (
-    ParameterFields,
-    PendingInput,
-    closest_input,
-    duration_s,
-    given_counts,
-    seconds,
-)
+from pipeline.ingest.tgi.inputs import InputJoin, PendingInput, request_key
+from pipeline.ingest.tgi.values import ParameterFields, duration_s, given_counts, seconds
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _INPUTS = re.compile(r"inputs: (\"(?:[^\"\\]|\\.)*\")", re.DOTALL)
@@ -75,15 +68,15 @@ def error_status(event: TgiEvent, message: str) -> str | None:
 
 class TgiRecords:
     """Turns one piece's whole events into record heads in ``result``; ``Input:`` events wait
-    in :attr:`inputs` for the ``Success`` that joins them."""
+    in :attr:`inputs` for the outcome of their request."""
 
     def __init__(
         self, result: ChunkResult, block_size: int, parameter_fields: ParameterFields
     ) -> None:
         self.out = result
         self.parameter_fields = parameter_fields
-        #: ``Input:`` events not joined yet, per handler and parameters: (time, text, streamed)
-        self.inputs: dict[tuple[str, str | None], list[PendingInput]] = {}
+        #: ``Input:`` events not joined yet, and ``Output:`` times for their ``Success``
+        self.inputs = InputJoin()
         self._hasher = PrefixHasher(block_size)
 
     def event(self, event: TgiEvent) -> None:
@@ -102,6 +95,8 @@ class TgiRecords:
             return self._input(event, message[7:])
         if event.level == "ERROR":
             return self._error(event, message)
+        if message.startswith("Output: ") and self.inputs:
+            self._output(event)
         kind = "output/token debug line" if message.startswith(("Output: ", "Token: ")) else None
         self.out.ignored[kind or "other TGI line"] += 1
         return None
@@ -109,12 +104,18 @@ class TgiRecords:
     def _input(self, event: TgiEvent, text: str) -> None:
         check_text((text,))
         handler, fields = request_spans(event)
-        key = (handler or "", fields.get("parameters"))
         at = seconds(event.ts)
         if at is None:
             self.out.ignored["input debug line (no time)"] += 1
             return
-        self.inputs.setdefault(key, []).append((at, text, streaming(event)))
+        pending = PendingInput(at, text, streaming(event))
+        self.inputs.add_input(request_key(handler, fields), pending)
+
+    def _output(self, event: TgiEvent) -> None:
+        """An ``Output:`` is stamped as its request's timings are recorded: its time tells the
+        ``Success`` after it when the request arrived."""
+        handler, fields = request_spans(event)
+        self.inputs.add_output(request_key(handler, fields), fields, seconds(event.ts))
 
     def _success(self, event: TgiEvent) -> None:
         handler, fields = request_spans(event)
@@ -127,12 +128,12 @@ class TgiRecords:
         per_token = duration_s(fields.get("time_per_token"))
         if inference is not None and per_token:
             record["output_tokens"] = as_count(inference / per_token)
-        pending = self.inputs.get((handler or "", fields.get("parameters")))
-        if pending and total is not None:
-            joined = closest_input(pending, seconds(event.ts), total)
+        if self.inputs and total is not None:
+            key = request_key(handler, fields)
+            joined = self.inputs.for_success(key, fields, seconds(event.ts), total)
             if joined is not None:
                 self.out.ignored["input debug line (joined)"] += 1
-                self._set_prompt(record, joined[1], streamed=joined[2] or streaming(event))
+                self._set_prompt(record, joined.text, streamed=joined.streamed or streaming(event))
         self.out.heads.append(record)
 
     def _error(self, event: TgiEvent, message: str) -> None:
@@ -145,6 +146,8 @@ class TgiRecords:
         record["_ts_minus_s"] = 0.0
         if status == "rejected":
             record.update(given_counts(message))
+        if self.inputs:
+            self.inputs.for_error(request_key(handler, fields), record.get("prompt"))
         self.out.heads.append(record)
 
     def _base(
@@ -183,6 +186,6 @@ class TgiRecords:
 
     def finish(self) -> None:
         """Count the ``Input:`` events no ``Success`` took."""
-        left = sum(len(pending) for pending in self.inputs.values())
+        left = self.inputs.pending()
         if left:
             self.out.ignored["input debug line (no Success near its time)"] += left

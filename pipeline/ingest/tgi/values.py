@@ -1,6 +1,5 @@
 """The values inside TGI events: Rust ``Duration`` texts, ``GenerateParameters`` fields, the
-counts a validation error prints, event times, and which pending ``Input:`` a ``Success``
-joins."""
+counts a validation error prints, and event times."""
 
 from __future__ import annotations
 
@@ -29,13 +28,6 @@ _GIVEN_TOTAL = re.compile(
 )
 _GIVEN_INPUT = re.compile(r"`inputs` must have less than \d+ tokens\. Given: (\d+)$")
 _GIVEN_MAX_NEW = re.compile(r"`max_new_tokens` must be <= \d+\. Given: (\d+)$")
-#: an ``Input:`` is logged right after the request's clock starts, a ``Success`` right after
-#: ``total_time`` is read: the two instants agree within microseconds; 20 ms covers clock
-#: granularity and a loaded host without reaching a neighbour more often than a FIFO would
-INPUT_JOIN_S = 0.02
-
-#: a pending ``Input:``: its time (Unix seconds), its text, and whether it was streamed
-PendingInput = tuple[float, str, bool]
 
 
 def duration_s(text: str | None) -> float | None:
@@ -112,18 +104,3 @@ def seconds(ts: str) -> float | None:
         return datetime.fromisoformat(ts).timestamp()
     except ValueError:
         return None
-
-
-def closest_input(
-    pending: list[PendingInput], success_at: float | None, total_s: float
-) -> PendingInput | None:
-    """Take the pending ``Input:`` logged closest to the request's arrival (the ``Success``
-    time minus ``total_time``), within :data:`INPUT_JOIN_S`; concurrent requests with the same
-    parameters interleave, so first-in-first-out joins the wrong ones."""
-    if success_at is None:
-        return None
-    arrival = success_at - total_s
-    best = min(range(len(pending)), key=lambda i: abs(pending[i][0] - arrival))
-    if abs(pending[best][0] - arrival) > INPUT_JOIN_S:
-        return None
-    return pending.pop(best)
