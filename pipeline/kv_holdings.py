@@ -234,8 +234,9 @@ class ReplicaHoldings:
         self.known[block.key] = block
         self.known.move_to_end(block.key)
         while len(self.known) > self.max_known:
-            # the least recently stored block not held now; held blocks are never forgotten
-            victim = next((k for k in self.known if k not in self.held), None)
+            # the least recently stored block not held now; held blocks are never forgotten, nor
+            # the block being stored (its caller marks it held after remembering it)
+            victim = next((k for k in self.known if k not in self.held and k != block.key), None)
             if victim is None:
                 break
             del self.known[victim]
