@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from jobs.simulator import protocol as proto
-from jobs.simulator import responses
+from jobs.simulator import render, responses
 from jobs.simulator.chat import render_chat
 from jobs.simulator.engine import (
     Generation,
@@ -30,10 +30,10 @@ from jobs.simulator.engine import (
     PromptTooLongError,
     SimulatedEngine,
 )
-from jobs.simulator.outputs import SimulatedToken, embed_text, token_id
+from jobs.simulator.outputs import SimulatedToken, embed_text
 from jobs.simulator.vllm_log import VllmLogWriter
 from pipeline.errors import BadInputError
-from pipeline.prefix_blocks import count_tokens, pseudo_token_spans
+from pipeline.prefix_blocks import count_tokens
 
 SERVER_HEADER = (b"server", b"prewarm-simulator")
 
@@ -228,11 +228,23 @@ class SimulatorRoutes:
             text = body["prompt"]
         else:
             raise proto.ProtocolError("'prompt' (a string) or 'messages' is required")
-        ids = [token_id(text[a:b]) for a, b in pseudo_token_spans(text)]
+        ids = render.prompt_ids(text)
         return JSONResponse(
             {"count": len(ids), "max_model_len": self.engine.config.max_model_len,
              "tokens": ids, "token_strs": None}
         )  # fmt: skip
+
+    async def completion_render(self, request: Request) -> Response:
+        """vLLM's ``/v1/completions/render``: the token-in requests, nothing run or logged."""
+        body = await _json_body(request)
+        self.engine.resolve_model(body.get("model"))
+        return JSONResponse(render.completion_render(body, self.engine.config.model))
+
+    async def chat_render(self, request: Request) -> Response:
+        """vLLM's ``/v1/chat/completions/render``: the chat's token-in request."""
+        body = await _json_body(request)
+        self.engine.resolve_model(body.get("model"))
+        return JSONResponse(render.chat_render(body, self.engine.config.model))
 
     async def load_lora(self, request: Request) -> Response:
         body = await _json_body(request)
@@ -354,6 +366,8 @@ def build_app(engine: SimulatedEngine) -> Starlette:
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/completions/render", routes.completion_render, methods=["POST"]),
+            Route("/v1/chat/completions/render", routes.chat_render, methods=["POST"]),
             Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
             Route("/tokenize", routes.tokenize, methods=["POST"]),
             Route("/v1/load_lora_adapter", routes.load_lora, methods=["POST"]),

@@ -49,6 +49,9 @@ TOKENIZER_LINES = (
 BLANK = "blank line"
 #: what a served request's access line counts as (the request is joined by its id)
 ACCESS_OK_LINE = "access line (joined by id only)"
+#: a failed call of a route that runs no request (a router's ``/v1/completions/render`` or
+#: ``/tokenize`` on every replica, a probe of ``/health``): not a rejected request
+NOT_A_REQUEST_LINE = "access line of a route that runs no request"
 CUT_OFF = "cut-off line"
 OTHER_LINE = "other vLLM line"
 

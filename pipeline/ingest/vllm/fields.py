@@ -28,6 +28,23 @@ _STAT_COLUMNS = {
 }
 
 
+#: the routes of vLLM's OpenAI-compatible server that run a request on the engine (a failed
+#: call of one is a request rejected before the engine); every other route (``/tokenize``,
+#: ``/v1/completions/render`` and ``/v1/chat/completions/render`` that ``vllm-router`` calls on
+#: every replica per request, ``/health``, ``/metrics``, ``/v1/models``...) runs none
+REQUEST_ROUTES = frozenset({
+    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/messages", "/v1/audio/transcriptions", "/v1/audio/translations", "/pooling",
+    "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+    "/inference/v1/generate", "/invocations", "/generate",
+})  # fmt: skip
+
+
+def runs_requests(route: str) -> bool:
+    """Whether a call of ``route`` (a path, no query) runs a request on the engine."""
+    return route.rstrip("/") in REQUEST_ROUTES
+
+
 def endpoint_of(request_id: str) -> str | None:
     """The OpenAI endpoint a request id names (FORMATS.md 1.5), or ``None``."""
     if request_id.startswith(("chatcmpl-", "chat-")):

@@ -15,6 +15,7 @@ from pipeline.ingest.vllm.envelope import (
     BLANK,
     ENVELOPE,
     FAST_LINE,
+    NOT_A_REQUEST_LINE,
     PREFIXED,
     TAG,
     UVICORN,
@@ -23,6 +24,7 @@ from pipeline.ingest.vllm.envelope import (
     added_known,
     strip_ansi,
 )
+from pipeline.ingest.vllm.fields import runs_requests
 from pipeline.ingest.vllm.messages import VllmMessages
 from pipeline.ingest.vllm.request_lines import CACHE_SIZE
 from pipeline.ingest.vllm.requests import Record, RequestJoins
@@ -201,14 +203,18 @@ class VllmChunkParser:
 
     def _access(self, match: re.Match[str], line_no: int) -> None:
         """An access line: counted when it served the request (joined by id), else a failed
-        record of its own, timed by the line before it (or the next timed one)."""
+        record of its own, timed by the line before it (or the next timed one) — unless its
+        route runs no request (a router's render or tokenize call, a health probe)."""
         status = int(match.group("status"))
         if status < 400:
             self.out.ignored[ACCESS_OK_LINE] += 1
             return
+        endpoint = match.group("path").split("?")[0]
+        if not runs_requests(endpoint):
+            self.out.ignored[NOT_A_REQUEST_LINE] += 1
+            return
         row = {"request_id": None, "ts": self.last_ts, "_line": line_no, "_head": True,
-               "endpoint": match.group("path").split("?")[0],
-               "status": access_status(status)}  # fmt: skip
+               "endpoint": endpoint, "status": access_status(status)}  # fmt: skip
         if self.last_ts is None:
             self.pending_access.append(row)
         self.out.heads.append(row)

@@ -1,0 +1,91 @@
+"""The real ``vllm-router`` (PyPI, a Rust binary in the wheel) as a process for tests.
+
+A missing binary skips the test on a laptop and fails it in CI, as a missing Redis does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.processes import free_port
+
+
+def router_binary() -> str:
+    """The ``vllm-router`` console script of this environment (skips, or fails in CI)."""
+    found = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+    if not Path(found).exists():
+        if os.environ.get("CI"):
+            pytest.fail("vllm-router is required in CI (pip install 'vllm-router==0.1.17')")
+        pytest.skip("vllm-router is not installed (pip install 'vllm-router==0.1.17')")
+    return found
+
+
+class RouterProcess:
+    """``vllm-router`` on loopback in front of ``workers`` with ``policy``; ``restart()`` comes
+    back on the same port with an empty memory, as a redeployed router does."""
+
+    def __init__(self, workers: Sequence[str], policy: str, log_path: Path, *extra: str) -> None:
+        self.workers, self.policy, self.log_path, self.extra = (
+            list(workers),
+            policy,
+            log_path,
+            extra,
+        )
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The router's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> RouterProcess:
+        """Start and wait until the router lists its workers and answers ``/health``."""
+        args = [router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
+                "--worker-urls", *self.workers, "--policy", self.policy,
+                "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
+                "--log-level", "warning", *self.extra]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            assert self.proc.poll() is None, f"vllm-router exited: {self.log_path.read_text()}"
+            assert time.monotonic() < deadline, f"vllm-router not ready in {timeout_s}s"
+            time.sleep(0.2)
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        """Terminate the router (the process this object started, by its id)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> RouterProcess:
+        """Stop and start again on the same port (its routing memory starts empty)."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> RouterProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
