@@ -38,8 +38,14 @@ def _print(status: dict[str, Any], console: Console) -> None:
     console.print(f"loop: {health}, window {status['window_s']}s")
     for task, error in status["failing_tasks"].items():
         console.print(f"  failing: {task}: {error}")
+    for fleet in status.get("fleets", ()):
+        replicas = ", ".join(r["engine"] for r in fleet["replicas"]) or "none yet"
+        console.print(f"fleet {fleet['fleet']}: {fleet['router']} {fleet['router_url']}, policy "
+                      f"{fleet['policy']}, road {fleet['road']}; replicas "
+                      f"({fleet['replicas_from']}): {replicas}")  # fmt: skip
     for engine in status["engines"]:
-        console.print(f"engine {engine['engine']} ({engine['url']})")
+        of = f", replica of fleet {engine['fleet']}" if engine.get("fleet") else ""
+        console.print(f"engine {engine['engine']} ({engine['url']}{of})")
         for source in engine["sources"]:
             read = sum(source.get("offsets", {}).values())
             state = f"{read} bytes read" if "offsets" in source else "not read yet"

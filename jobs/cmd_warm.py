@@ -48,9 +48,11 @@ def build_plan_from(
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints); the
     requests its gateways' clients repeat are candidates too."""
+    from tasks.adapters.store import store_client
+    from tasks.services.fleets import fleet_settings
     from tasks.services.planning import gateway_candidates, plan_for, plan_request, read_records
 
-    settings = current_settings()
+    settings = fleet_settings(current_settings(), store_client(current_settings()))
     records, windows = read_records(source)
     request = plan_request(
         settings, _engine_name(settings, engine), max_items=budget_items,

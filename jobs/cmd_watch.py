@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from tasks.adapters.store import Store, store_client
+from tasks.services.fleets import look_at_fleets
 from tasks.services.replica_watch import WarmNow, warm_for_trigger, watch_engine
 from tasks.settings import Settings, current_settings
 from tasks.warm_tasks import submitter
@@ -28,14 +29,16 @@ class Watcher:
     cooldown does (by default: warm now, in this process)."""
 
     def __init__(self, settings: Settings, store: Store, warm: WarmNow | None = None) -> None:
-        self.settings, self.store = settings, store
+        self.configured, self.settings, self.store = settings, settings, store
         self.warm = warm or self._warm_here
 
     def _warm_here(self, engine: str, kind: str) -> dict[str, Any]:
         return warm_for_trigger(self.settings, self.store, engine, kind, submitter(self.settings))
 
     def poll(self) -> list[dict[str, Any]]:
-        """One look at every engine; what fired (and what warming it did)."""
+        """One look at every engine (each fleet's replicas as its router lists them now); what
+        fired (and what warming it did)."""
+        self.settings, _ = look_at_fleets(self.configured, self.store)
         return [
             fired
             for engine in self.settings.engines

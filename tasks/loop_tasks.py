@@ -18,6 +18,7 @@ from tasks.adapters.loop_state import LoopState
 from tasks.adapters.store import store_client
 from tasks.base import PrewarmTask
 from tasks.celery_app import WARM_NOW, app
+from tasks.services.fleets import fleet_settings
 from tasks.services.loop import WarmLoop, window_start
 from tasks.services.replica_watch import warm_for_trigger
 from tasks.settings import current_settings
@@ -27,8 +28,9 @@ from tasks.warm_tasks import submitter
 def due_engines(now: float) -> list[tuple[str, float]]:
     """Engines whose window tick is due at ``now``, with the window it is for; each one's next
     tick is set to the following window, so it is sent once."""
-    settings = current_settings()
-    state = LoopState(store_client(settings))
+    store = store_client(current_settings())
+    settings = fleet_settings(current_settings(), store)
+    state = LoopState(store)
     window_s = settings.schedule.window_s
     due = []
     for engine in settings.engines:
@@ -52,13 +54,15 @@ def dispatch() -> dict[str, Any]:
 @shared_task(name="prewarm.loop.tick", base=PrewarmTask, periodic=True)
 def tick(engine: str, window: float) -> dict[str, Any] | None:
     """The window tick of ``engine`` for the window starting at ``window`` (Unix seconds)."""
-    settings = current_settings()
-    return WarmLoop(settings, store_client(settings), submitter(settings)).tick(engine, now=window)
+    store = store_client(current_settings())
+    settings = fleet_settings(current_settings(), store)
+    return WarmLoop(settings, store, submitter(settings)).tick(engine, now=window)
 
 
 @shared_task(name=WARM_NOW, base=PrewarmTask)
 def warm(engine: str, reason: str) -> dict[str, Any]:
     """The one "warm now" task: warm ``engine`` through the loop for ``reason`` (a plan reason
     such as ``demo`` or ``cli``, or a trigger kind: ``replica_restarted``, ``hit_rate_drop`` …)."""
-    settings = current_settings()
-    return warm_for_trigger(settings, store_client(settings), engine, reason, submitter(settings))
+    store = store_client(current_settings())
+    settings = fleet_settings(current_settings(), store)
+    return warm_for_trigger(settings, store, engine, reason, submitter(settings))

@@ -15,6 +15,7 @@ from celery import shared_task
 from tasks.adapters.store import store_client
 from tasks.base import PrewarmTask
 from tasks.celery_app import queue_warm_now
+from tasks.services.fleets import look_at_fleets
 from tasks.services.ingest_triggers import process_ingest
 from tasks.services.replica_watch import watch_engine
 from tasks.settings import current_settings
@@ -25,9 +26,11 @@ from tasks.settings import current_settings
 )
 def replica_watch() -> dict[str, Any]:
     """Look at every configured engine once (beat runs this every ``schedule.replica_watch_s``):
-    a replica that started, or a cache gone cold, queues a warm-up."""
-    settings = current_settings()
-    store = store_client(settings)
+    a replica that started, or a cache gone cold, queues a warm-up; each fleet's router is
+    asked for its replicas first (one it added is new here, and warmed)."""
+    configured = current_settings()
+    store = store_client(configured)
+    settings, _ = look_at_fleets(configured, store)
     fired = [
         f
         for engine in settings.engines

@@ -56,6 +56,7 @@ from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.base import PrewarmTask
 from tasks.celery_app import app
 from tasks.services.batch_runner import BatchRunner
+from tasks.services.fleets import fleet_settings
 from tasks.services.loop import Submit
 from tasks.services.recovery import PlanResumer
 from tasks.settings import Settings, current_settings
@@ -69,8 +70,10 @@ def _runner_for(settings: Settings) -> BatchRunner:
 
 
 def _runner() -> BatchRunner:
-    # Built once per process and settings: a changed settings file (a new engine) gets a new one.
-    return _runner_for(current_settings())
+    # Built once per process and settings: a changed settings file (a new engine) or a replica a
+    # fleet's router added gets a new one.
+    settings = current_settings()
+    return _runner_for(fleet_settings(settings, store_client(settings)))
 
 
 def _plans(settings: Settings | None) -> PlanStore:
@@ -90,7 +93,7 @@ def submit_plan(
 
     ``queue`` overrides the ``warm`` queue (a dedicated pool of warm-up workers).
     """
-    settings = settings or current_settings()
+    settings = settings or fleet_settings(current_settings(), store_client(current_settings()))
     engine = settings.engine(engine_name or plan.engine).name
     # A plan cut to the cache's capacity runs batch after batch: its order is its LRU order.
     ordered = plan.budget.max_tokens is not None

@@ -153,8 +153,8 @@ class EngineClient:
     def metric_samples(self, names: frozenset[str]) -> list[tuple[str, dict[str, str], float]]:
         """Samples named in ``names`` from the engine's ``/metrics`` as (name, labels, value);
         empty when the engine has no metrics route or does not answer with Prometheus text."""
-        try:
-            response = self.http.get("/metrics")
+        try:  # (a replica's own metrics endpoint, never a router's: see EngineSettings)
+            response = self.http.get(self.engine.metrics_url or "/metrics")
         except httpx.TransportError:
             return []
         if response.status_code >= 400:

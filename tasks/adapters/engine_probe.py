@@ -64,7 +64,8 @@ def observe(
         health = _get(client, "/health")
         healthy = health is not None and health.status_code == 200
         models = _models(_get(client, "/v1/models")) if healthy else ()
-        metrics = _get(client, "/metrics") if healthy else None
+        # (a replica's own metrics endpoint: never the router's, which answers for one replica)
+        metrics = _get(client, engine.metrics_url or "/metrics") if healthy else None
     sample = None
     if metrics is not None and metrics.status_code == 200:
         sample = parse_metrics(engine.name, metrics.text, now)

@@ -47,6 +47,13 @@ TRIGGER_COOLDOWN = ROOT + ":triggers:cooldown:{kind}:{engine}"
 #: rolling state of an engine's cold-cache detectors (JSON)
 TRIGGER_DETECTORS = ROOT + ":triggers:{engine}:detectors"
 
+# --- fleets ------------------------------------------------------------------------------------
+#: the replica URLs a fleet's router listed at its last look (JSON list), for fleets that take
+#: their replicas from the router
+FLEET_MEMBERS = ROOT + ":fleets:{fleet}:members"
+#: what prewarm last saw of a fleet's router (JSON: up, seen, a restart's time)
+FLEET_ROUTER = ROOT + ":fleets:{fleet}:router"
+
 # --- templates and webhooks ---------------------------------------------------------------------
 TEMPLATE_SERVING = ROOT + ":templates:{repo}:serving"
 TEMPLATE_TXN = ROOT + ":templates:{repo}:txn:{sha}"

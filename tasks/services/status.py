@@ -18,6 +18,7 @@ from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.sources import SourceStates, source_id
 from tasks.adapters.store import Store
 from tasks.adapters.task_health import failing_tasks
+from tasks.services.fleets import fleet_settings, fleet_status
 from tasks.settings import EngineSettings, Settings
 
 
@@ -79,6 +80,7 @@ def engine_status(
     next_tick = store.get(redis_keys.LOOP_NEXT_TICK.format(engine=name))
     return {
         "engine": name,
+        "fleet": engine.fleet,
         "url": redacted(engine.url),
         "sources": sources_status(settings, store, name),
         "observations": Observations(settings.data_dir, name).version().to_dict(),
@@ -90,14 +92,16 @@ def engine_status(
 
 
 def loop_status(settings: Settings, store: Store) -> dict[str, Any]:
-    """Status of every engine, the periodic tasks that are failing, and overall health."""
-    engines = [engine_status(settings, store, e) for e in settings.engines]
+    """Status of every engine (each fleet's replicas among them), every fleet, the periodic
+    tasks that are failing, and overall health."""
+    current = fleet_settings(settings, store)
+    engines = [engine_status(current, store, e) for e in current.engines]
     failing = failing_tasks(store)
     broken = {e["engine"]: e["last_tick"]["error"] for e in engines
               if e["last_tick"] and e["last_tick"].get("status") == "failed"}  # fmt: skip
     return {"healthy": not failing and not broken, "failing_tasks": failing,
             "failing_engines": broken, "window_s": settings.schedule.window_s,
-            "engines": engines}  # fmt: skip
+            "engines": engines, "fleets": fleet_status(settings, store)}  # fmt: skip
 
 
 def loop_problems(settings: Settings, store: Store) -> list[str]:

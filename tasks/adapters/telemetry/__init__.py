@@ -60,6 +60,7 @@ from tasks.adapters.telemetry.specs import (
 from tasks.adapters.telemetry.writer import (
     engine_interval,
     record_engine_sample,
+    record_fleet,
     record_gateway,
     record_plan,
     record_tick,
@@ -90,6 +91,7 @@ __all__ = [
     "read_series",
     "record_batch",
     "record_engine_sample",
+    "record_fleet",
     "record_gateway",
     "record_plan",
     "record_tick",

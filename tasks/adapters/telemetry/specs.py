@@ -117,6 +117,15 @@ SPECS: dict[str, MetricSpec] = {
     "prewarm_gateway_cache_hit_ratio": gauge(
         "Share of the gateway requests read at the last tick answered from the gateway's cache"
     ),
+    "prewarm_fleet_replica": gauge(
+        "A fleet's replica at the last look (1; 0 once the fleet dropped it), with the road "
+        "its warm-ups take",
+        ("fleet", "engine", "policy", "road"),
+    ),
+    "prewarm_fleet_router_up": gauge("Whether the fleet's router answered /health", ("fleet",)),
+    "prewarm_fleet_router_restarts_total": counter(
+        "Restarts of the fleet's router seen by the watcher", ("fleet",)
+    ),
 }
 
 

@@ -261,3 +261,28 @@ def record_window(
         pipe.execute()
     _trim_items(store, engine)
     return outcome
+
+
+def record_fleet(
+    store: redis.Redis,
+    fleet: str,
+    replicas: Mapping[str, tuple[str, str]],
+    dropped: Iterable[tuple[str, str, str]] = (),
+    router_up: bool | None = None,
+    router_restarted: bool = False,
+) -> None:
+    """One look at a fleet: its replicas (engine → (policy, road)), the ones it dropped (engine,
+    policy, road), whether its router answered, and whether it restarted."""
+    gauges: dict[Series, float | None] = {
+        ("prewarm_fleet_replica", (fleet, engine, policy, road)): 1.0
+        for engine, (policy, road) in replicas.items()
+    }
+    gauges.update({("prewarm_fleet_replica", (fleet, *gone)): 0.0 for gone in dropped})
+    if router_up is not None:
+        gauges[("prewarm_fleet_router_up", (fleet,))] = 1.0 if router_up else 0.0
+    with store.pipeline(transaction=False) as pipe:
+        series = _SeriesWriter(pipe)
+        series.set(gauges)
+        if router_restarted:
+            series.add("prewarm_fleet_router_restarts_total", (fleet,), 1)
+        pipe.execute()

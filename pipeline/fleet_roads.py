@@ -1,0 +1,64 @@
+"""Which road a fleet's warm-ups take, by the family of its router's policy.
+
+- Routers that **remember what they routed** (an approximate prefix tree of routed text per
+  worker: vllm-router's ``cache_aware``) learn a prefix's replica only from a request they
+  route: a warm-up sent directly to a replica teaches them nothing, and their memory is lost
+  when the router restarts. Warmed *through the router*, one prompt per request, exactly as
+  users send it, and again after the router restarts.
+- Routers that **read the replicas' KV-cache events** (``kv_aware``) see a direct warm-up as
+  they see a user's request: warmed *directly on the replica* where the prefix's users land.
+- **Spread** placement (``round_robin``, ``power_of_two``, ``random``, ``consistent_hash`` on a
+  request id each client draws at random, ``sticky_least_loaded`` whose first placement is by
+  load): a prefix's next user may land on any replica, so it is warmed on *every replica*,
+  within each replica's capacity.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Road(StrEnum):
+    """Where a fleet's warm-ups are sent."""
+
+    THROUGH_ROUTER = "through-router"
+    ON_REPLICA = "on-replica"
+    EVERY_REPLICA = "every-replica"
+
+
+_ROADS = {
+    "cache_aware": Road.THROUGH_ROUTER,
+    "kv_aware": Road.ON_REPLICA,
+    "consistent_hash": Road.EVERY_REPLICA,
+    "round_robin": Road.EVERY_REPLICA,
+    "power_of_two": Road.EVERY_REPLICA,
+    "random": Road.EVERY_REPLICA,
+    "sticky_least_loaded": Road.EVERY_REPLICA,
+}
+
+_WHY = {
+    Road.THROUGH_ROUTER: (
+        "{policy} remembers the text it routed (a prefix tree per replica, empty after a "
+        "restart): warmed through the router, one prompt per request as users send it, so the "
+        "router learns where the prefix lives"
+    ),
+    Road.ON_REPLICA: (
+        "{policy} reads the replicas' KV-cache events: warmed directly on the replica its "
+        "users reach, which the router then sees holding it"
+    ),
+    Road.EVERY_REPLICA: (
+        "{policy} spreads a prefix's requests over the replicas: warmed on every replica, "
+        "within each one's capacity"
+    ),
+}
+
+
+def road_of(policy: str) -> Road:
+    """The road of a router policy; an unknown policy is spread (the road that holds anyway)."""
+    return _ROADS.get(policy, Road.EVERY_REPLICA)
+
+
+def road_note(policy: str) -> str:
+    """The plan note saying which road a fleet's warm-up takes and why."""
+    road = road_of(policy)
+    return f"fleet road {road.value}: " + _WHY[road].format(policy=policy)

@@ -1,0 +1,59 @@
+"""Looking at a fleet's router over HTTP: is it up, and which workers it routes to.
+
+``vllm-router`` (and ``sglang-router``, the same lineage) answer ``GET /list_workers`` with
+``{"urls": [...]}`` and ``GET /health`` with 200. The router is never asked for metrics or used
+to verify a warm-up: it answers those for one replica of its choosing."""
+
+from __future__ import annotations
+
+import httpx
+
+from pipeline.errors import BadInputError, EngineUnavailableError
+from tasks.settings.fleets import FleetSettings
+
+
+class RouterClient:
+    """Calls to one fleet's router (a short-lived client per look)."""
+
+    def __init__(
+        self,
+        fleet: FleetSettings,
+        *,
+        timeout_s: float = 2.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.http = httpx.Client(base_url=fleet.router_url, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RouterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def is_up(self) -> bool:
+        """Whether the router answers ``/health`` with 200."""
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> list[str]:
+        """The worker URLs the router routes to now, without a trailing ``/``."""
+        where = f"fleet {self.fleet.name}: {self.fleet.router_url}/list_workers"
+        try:
+            response = self.http.get("/list_workers")
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"{where}: {exc}") from exc
+        if response.status_code >= 400:
+            raise EngineUnavailableError(f"{where}: HTTP {response.status_code}")
+        try:
+            urls = response.json()["urls"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadInputError(f"no worker list ({exc})", where=where) from exc
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise BadInputError("'urls' is not a list of URLs", where=where)
+        return sorted({u.rstrip("/") for u in urls})

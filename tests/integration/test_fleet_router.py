@@ -1,0 +1,80 @@
+"""A fleet behind the real ``vllm-router``: replicas taken from the router's worker list become
+engines; one the router adds is new to the watch (which warms it), one it removes is dropped;
+``prewarm status`` and ``/metrics`` show the fleet replica by replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jobs.api import build_api
+from jobs.cmd_watch import Watcher
+from jobs.simulator import SimulatorConfig, SimulatorServer
+from tasks.services.fleets import fleet_settings, look_at_fleets
+from tasks.services.status import loop_status
+from tasks.settings import Settings
+from tasks.settings.fleets import FleetSettings
+from tests.integration.http_server import serve
+from tests.integration.router import RouterProcess
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[list[SimulatorServer]]:
+    servers = [
+        SimulatorServer(SimulatorConfig(log_file=tmp_path / f"replica{i}.log")).start()
+        for i in range(3)
+    ]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _settings(router: RouterProcess, store_url: str, broker_url: str, tmp_path: Path) -> Settings:
+    fleet = FleetSettings(
+        name="chat", router_url=router.url, policy="round_robin", model="sim-llm",
+        replica_kind="simulator", replicas_from="router", log=str(tmp_path / "{port}.log"),
+    )  # fmt: skip
+    return Settings(redis_url=broker_url, store_url=store_url, data_dir=tmp_path, fleets=(fleet,))
+
+
+def test_replicas_follow_the_routers_worker_list(replicas, store, store_url, broker_url, tmp_path):
+    urls = [r.url for r in replicas]
+    with RouterProcess(urls[:2], "round_robin", tmp_path / "router.log") as router:
+        settings = _settings(router, store_url, broker_url, tmp_path)
+        assert fleet_settings(settings, store).engines == ()  # never looked yet
+        current, changes = look_at_fleets(settings, store)
+        names = [f"chat-127.0.0.1-{r.port}" for r in replicas]
+        assert [e.name for e in current.replicas_of("chat")] == sorted(names[:2])
+        assert changes == [{"fleet": "chat", "router_up": True, "added": sorted(names[:2]),
+                            "removed": []}]  # fmt: skip
+        assert current.sources_of(names[0])[0].path == str(tmp_path / f"{replicas[0].port}.log")
+        added = httpx.post(f"{router.url}/add_worker", params={"url": urls[2]}, timeout=30)
+        assert added.status_code == 200
+        removed = httpx.post(f"{router.url}/remove_worker", params={"url": urls[0]}, timeout=30)
+        assert removed.status_code == 200
+        fired: list[tuple[str, str]] = []
+        watcher = Watcher(settings, store, warm=lambda e, k: fired.append((e, k)) or {})
+        watcher.poll()
+        assert sorted(e.name for e in watcher.settings.engines) == sorted(names[1:])
+        assert (names[2], "replica_ready") in fired  # the added replica, warmed at once
+        assert not any(engine == names[0] for engine, _ in fired)
+        status = loop_status(settings, store)
+        (fleet,) = status["fleets"]
+        assert (fleet["policy"], fleet["road"]) == ("round_robin", "every-replica")
+        assert [r["engine"] for r in fleet["replicas"]] == sorted(names[1:])
+        assert {e["engine"]: e["fleet"] for e in status["engines"]} == dict.fromkeys(
+            sorted(names[1:]), "chat"
+        )
+        with serve(build_api(settings)) as api:
+            scrape = httpx.get(f"{api}/metrics").text
+    for name, value in ((names[0], "0.0"), (names[1], "1.0"), (names[2], "1.0")):
+        series = (f'prewarm_fleet_replica{{engine="{name}",fleet="chat",policy="round_robin",'
+                  f'road="every-replica"}} {value}')  # fmt: skip
+        assert series in scrape
+    assert 'prewarm_fleet_router_up{fleet="chat"} 1.0' in scrape
+    assert f'prewarm_engine_up{{engine="{names[2]}"}} 1.0' in scrape
