@@ -22,7 +22,7 @@ from rich.table import Table
 
 from jobs.option_checks import FORECASTS, one_of
 from pipeline.errors import BadInputError
-from pipeline.planner.plan import WarmPlan
+from pipeline.planner.plan import WarmPlan, new_plan_id
 from tasks.settings import Settings, current_settings
 
 console = Console()
@@ -182,7 +182,9 @@ def warm(
     from tasks.warm_tasks import submit_plan
 
     if plan_file is not None:
-        warm_plan = _load_plan(plan_file)
+        # Each run of the command is a submission of its own: run again (after a restart) it
+        # sends again. Idempotency protects one submission's redelivered batches, by this id.
+        warm_plan = replace(_load_plan(plan_file), plan_id=new_plan_id())
     elif source is not None:
         warm_plan = build_plan_from(
             source, engine, budget_items=budget_items, budget_tokens=budget_tokens

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from tasks.adapters.store import Store, store_client
-from tasks.services.fleets import look_at_fleets
+from tasks.services.fleets import look_at_fleets, router_restart_warms
 from tasks.services.replica_watch import WarmNow, warm_for_trigger, watch_engine
 from tasks.settings import Settings, current_settings
 from tasks.warm_tasks import submitter
@@ -38,12 +38,16 @@ class Watcher:
     def poll(self) -> list[dict[str, Any]]:
         """One look at every engine (each fleet's replicas as its router lists them now); what
         fired (and what warming it did)."""
-        self.settings, _ = look_at_fleets(self.configured, self.store)
-        return [
-            fired
+        self.settings, changes = look_at_fleets(self.configured, self.store)
+        fired = [
+            event
             for engine in self.settings.engines
-            for fired in watch_engine(self.settings, self.store, engine, self.warm)
+            for event in watch_engine(self.settings, self.store, engine, self.warm)
         ]
+        warmed = {event["engine"] for event in fired}
+        return fired + router_restart_warms(
+            self.settings, self.store, changes, self.warm, time.time(), warmed
+        )
 
     def run(self, interval_s: float, iterations: int | None = None) -> None:
         """Poll forever (or ``iterations`` times), ``interval_s`` apart."""

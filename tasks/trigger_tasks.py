@@ -7,6 +7,7 @@ cooldown to the "warm now" task (``prewarm.loop.warm``, :func:`tasks.celery_app.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from celery import shared_task
 from tasks.adapters.store import store_client
 from tasks.base import PrewarmTask
 from tasks.celery_app import queue_warm_now
-from tasks.services.fleets import look_at_fleets
+from tasks.services.fleets import look_at_fleets, router_restart_warms
 from tasks.services.ingest_triggers import process_ingest
 from tasks.services.replica_watch import watch_engine
 from tasks.settings import current_settings
@@ -30,12 +31,14 @@ def replica_watch() -> dict[str, Any]:
     asked for its replicas first (one it added is new here, and warmed)."""
     configured = current_settings()
     store = store_client(configured)
-    settings, _ = look_at_fleets(configured, store)
+    settings, changes = look_at_fleets(configured, store)
     fired = [
         f
         for engine in settings.engines
         for f in watch_engine(settings, store, engine, warm=queue_warm_now)
     ]
+    warmed = {event["engine"] for event in fired}
+    fired += router_restart_warms(settings, store, changes, queue_warm_now, time.time(), warmed)
     return {"engines": len(settings.engines), "warmed": fired}
 
 

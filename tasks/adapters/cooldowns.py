@@ -18,7 +18,9 @@ TRIGGER_COOLDOWN_S = 300.0
 
 def cooldown_s(kind: str) -> float:
     """The cooldown of a trigger kind: a replica's start-up, or any cold-cache trigger."""
-    return REPLICA_COOLDOWN_S if kind.startswith("replica") else TRIGGER_COOLDOWN_S
+    # (a restarted router forgets what it routed: its fleet is warmed again as a replica's is)
+    replica_like = kind.startswith(("replica", "router"))
+    return REPLICA_COOLDOWN_S if replica_like else TRIGGER_COOLDOWN_S
 
 
 def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float | None = None) -> bool:

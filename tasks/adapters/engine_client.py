@@ -64,11 +64,17 @@ class EngineClient:
         timeout_s: float = 30.0,
         retry: RetryPolicy = RetryPolicy(),
         transport: httpx.BaseTransport | None = None,
+        base_url: str | None = None,
+        request_ids: bool = True,
     ) -> None:
         self.engine = engine
         self.retry = retry
+        #: whether requests carry prewarm's own ``X-Request-Id``: not through a router, whose
+        #: choice may hang on that header (vllm-router's ``consistent_hash`` keys on it), where
+        #: warm-ups go exactly as users send them
+        self.request_ids = request_ids
         self.http = httpx.Client(
-            base_url=engine.url,
+            base_url=base_url or engine.url,
             timeout=timeout_s,
             transport=transport,
             limits=httpx.Limits(max_connections=engine.max_concurrency),
@@ -83,7 +89,9 @@ class EngineClient:
         for attempt in range(self.retry.attempts):
             try:
                 self.requests += 1
-                headers = {"X-Request-Id": own_request_id(uuid.uuid4().hex)}
+                headers = (
+                    {"X-Request-Id": own_request_id(uuid.uuid4().hex)} if self.request_ids else {}
+                )
                 response = self.http.post(path, json=dict(payload), headers=headers)
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}: {exc}"

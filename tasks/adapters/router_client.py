@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 
 from pipeline.errors import BadInputError, EngineUnavailableError
+from tasks.adapters.engine_client import samples_from_text
 from tasks.settings.fleets import FleetSettings
 
 
@@ -40,6 +41,20 @@ class RouterClient:
             return self.http.get("/health").status_code == 200
         except httpx.HTTPError:
             return False
+
+    def requests_served(self) -> float | None:
+        """The router's ``vllm_router_requests_total`` summed over routes, from its own
+        Prometheus endpoint (None: none configured, or it did not answer)."""
+        if self.fleet.router_metrics_url is None:
+            return None
+        try:
+            response = self.http.get(self.fleet.router_metrics_url)
+        except httpx.HTTPError:
+            return None
+        if response.status_code >= 400:
+            return None
+        samples = samples_from_text(response.text, frozenset({"vllm_router_requests_total"}))
+        return sum(value for _, _, value in samples)
 
     def workers(self) -> list[str]:
         """The worker URLs the router routes to now, without a trailing ``/``."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import PrewarmError, TransientError
+from pipeline.fleet_roads import Road, road_of
 from pipeline.planner.plan import WarmItem
 from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
@@ -30,7 +31,7 @@ from tasks.adapters.sources import gateway_log_files
 from tasks.adapters.store import Store, StoreError
 from tasks.adapters.targets import adapter as adapter_target
 from tasks.adapters.targets import apply_items, undo_for, verify_items
-from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
+from tasks.adapters.targets.base import BatchContext, ItemResult, RoutedFleet, WarmOptions
 from tasks.adapters.telemetry import defer_batch, plan_labels, record_wal
 from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.services.event_verification import confirmed_by_events
@@ -41,10 +42,14 @@ class BatchBusy(TransientError):
     """Another worker holds this batch (or its dead attempt's lease has not expired yet)."""
 
 
-def engine_client(engine: EngineSettings, options: WarmOptions) -> EngineClient:
-    """A client for ``engine`` with the plan's timeout and retry policy."""
+def engine_client(
+    engine: EngineSettings, options: WarmOptions, router_url: str | None = None
+) -> EngineClient:
+    """A client for ``engine`` with the plan's timeout and retry policy; with ``router_url``, at
+    its fleet's router, sending requests exactly as users do (no header of prewarm's)."""
     retry = RetryPolicy(attempts=options.retry_attempts, base_s=options.retry_base_s)
-    return EngineClient(engine, timeout_s=options.timeout_s, retry=retry)
+    return EngineClient(engine, timeout_s=options.timeout_s, retry=retry, base_url=router_url,
+                        request_ids=router_url is None)  # fmt: skip
 
 
 class _Keeper(threading.Thread):
@@ -117,10 +122,23 @@ def _summary(
         "failed": len(failed),
         "failures": [f"{r.key}: {r.detail}" for r in failed[:5]],
         "verified_by_prime": sum(1 for r in results if r.ok and r.verified_by == "prime"),
+        "replicas": _landed(results),
         "seconds": round(time.perf_counter() - started, 4),
         "pid": os.getpid(),
         "engine_requests": ctx.engine.requests - ctx.requests_at_start,
     }
+
+
+def _landed(results: Sequence[ItemResult]) -> dict[str, dict[str, int]]:
+    """Per fleet replica, the items primed through the router that landed and verified there,
+    and their prompt tokens (empty for a batch sent to its engine directly)."""
+    landed: dict[str, dict[str, int]] = {}
+    for r in results:
+        if r.ok and r.replica:
+            row = landed.setdefault(r.replica, {"items": 0, "tokens": 0})
+            row["items"] += 1
+            row["tokens"] += r.prime.prompt_tokens if r.prime is not None else 0
+    return landed
 
 
 class BatchRunner:
@@ -131,13 +149,16 @@ class BatchRunner:
         self.settings = settings
         self.plans = PlanStore(store)
         self.wal = WalStore(store, settings.wal_lease_s)
-        self._clients: dict[tuple[str, float, int, float], EngineClient] = {}
+        self._clients: dict[tuple[str, float, int, float, str], EngineClient] = {}
         self._gateways: dict[str, GatewayClient] = {}
 
-    def client(self, engine: EngineSettings, options: WarmOptions) -> EngineClient:
-        key = (engine.name, options.timeout_s, options.retry_attempts, options.retry_base_s)
+    def client(
+        self, engine: EngineSettings, options: WarmOptions, router_url: str | None = None
+    ) -> EngineClient:
+        key = (engine.name, options.timeout_s, options.retry_attempts, options.retry_base_s,
+               router_url or "")  # fmt: skip
         if key not in self._clients:
-            self._clients[key] = engine_client(engine, options)
+            self._clients[key] = engine_client(engine, options, router_url)
         return self._clients[key]
 
     def gateways(self, engine: EngineSettings) -> dict[str, GatewayClient]:
@@ -150,6 +171,17 @@ class BatchRunner:
     def undo(self, engine: EngineSettings, options: WarmOptions) -> Any:
         """The compensating calls for ``engine``'s effects and its gateways'."""
         return undo_for(self.client(engine, options), self.gateways(engine))
+
+    def routed(self, engine: EngineSettings, options: WarmOptions) -> RoutedFleet | None:
+        """The road through the router for a replica of a fleet whose router remembers what it
+        routed (its prefixes go through the router); None for any other engine."""
+        if engine.fleet is None:
+            return None
+        fleet = self.settings.fleet(engine.fleet)
+        if road_of(fleet.policy) is not Road.THROUGH_ROUTER:
+            return None
+        replicas = {e.name: self.client(e, options) for e in self.settings.replicas_of(fleet.name)}
+        return RoutedFleet(self.client(engine, options, fleet.router_url), replicas)
 
     def run(self, plan_id: str, batch: int) -> dict[str, Any]:
         """Run batch ``batch`` of ``plan_id`` once; a finished batch returns its stored result."""
@@ -195,7 +227,7 @@ class BatchRunner:
         ctx = BatchContext(
             self.store, client, options, gateways=gateways,
             adapter_paths=adapter_target.adapter_paths(engine.adapters),
-            gateway_logs=dict.fromkeys(gateways, logs),
+            gateway_logs=dict.fromkeys(gateways, logs), routed=self.routed(engine, options),
         )  # fmt: skip
         self.plans.count_run(plan_id, batch)
         ctx.requests_at_start = client.requests

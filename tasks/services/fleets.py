@@ -10,19 +10,25 @@ records each fleet, replica by replica, for ``/metrics``."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 from pipeline.errors import EngineUnavailableError
-from pipeline.fleet_roads import road_note, road_of
+from pipeline.fleet_roads import Road, road_note, road_of
+from pipeline.triggers import TriggerEvent
 from tasks.adapters import fleet_state
 from tasks.adapters.connections import redacted
+from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.router_client import RouterClient
 from tasks.adapters.store import Store
 from tasks.adapters.telemetry import record_fleet
+from tasks.services.replica_watch import WarmNow
 from tasks.settings import Settings
 from tasks.settings.fleets import FleetSettings
 
+#: the trigger kind of a router found restarted (its fleet's replicas are warmed again)
+ROUTER_RESTARTED = "router_restarted"
 #: a client of a fleet's router (tests pass one with a mock transport)
 RouterFor = Callable[[FleetSettings], RouterClient]
 
@@ -41,36 +47,90 @@ def fleet_settings(settings: Settings, store: Store) -> Settings:
 
 
 def look_at_fleets(
-    settings: Settings, store: Store, router_for: RouterFor = RouterClient
+    settings: Settings,
+    store: Store,
+    router_for: RouterFor = RouterClient,
+    now: float | None = None,
 ) -> tuple[Settings, list[dict[str, Any]]]:
     """One look at every fleet's router: its worker list (for fleets that take their replicas
-    from it) is stored; returns the settings with the current replicas and what changed."""
+    from it) is stored; returns the settings with the current replicas and what changed
+    (replicas added or removed, a router that restarted)."""
+    now = time.time() if now is None else now
     before = fleet_settings(settings, store)
-    up: dict[str, bool] = {}
+    seen: dict[str, dict[str, Any]] = {}
     for fleet in settings.fleets:
         with router_for(fleet) as router:
-            up[fleet.name] = router.is_up()
-            if up[fleet.name] and fleet.replicas_from == "router":
-                # (a router that does not answer keeps its last list until it does)
-                with contextlib.suppress(EngineUnavailableError):
-                    fleet_state.save_members(store, fleet.name, router.workers())
+            seen[fleet.name] = _look_at_router(store, fleet, router, now)
     after = fleet_settings(settings, store)
     changes = [
-        {"fleet": f.name, "router_up": up[f.name], **_record(store, f, before, after, up[f.name])}
+        {"fleet": f.name, **seen[f.name], **_record(store, f, before, after, seen[f.name])}
         for f in settings.fleets
     ]
-    return after, [c for c in changes if c["added"] or c["removed"]]
+    return after, [c for c in changes if c["added"] or c["removed"] or c["router_restarted"]]
+
+
+def _look_at_router(
+    store: Store, fleet: FleetSettings, router: RouterClient, now: float
+) -> dict[str, Any]:
+    """Whether the router is up and restarted since the last look (found down then, or its
+    request counters went back); its worker list is stored for a fleet that takes it."""
+    up = router.is_up()
+    if up and fleet.replicas_from == "router":
+        # (a router that does not answer keeps its last list until it does)
+        with contextlib.suppress(EngineUnavailableError):
+            fleet_state.save_members(store, fleet.name, router.workers())
+    served = router.requests_served() if up else None
+    last = fleet_state.router_seen(store, fleet.name)
+    restarted = (
+        last is not None
+        and up
+        and (
+            not last["up"]
+            or (served is not None and last.get("served") is not None and served < last["served"])
+        )
+    )
+    restarted_at = now if restarted else (last or {}).get("restarted_at")
+    fleet_state.save_router_seen(
+        store, fleet.name, {"up": up, "served": served, "ts": now, "restarted_at": restarted_at}
+    )
+    return {"router_up": up, "router_restarted": restarted}
+
+
+def router_restart_warms(
+    settings: Settings,
+    store: Store,
+    changes: list[dict[str, Any]],
+    warm: WarmNow,
+    now: float,
+    warmed: Collection[str] = (),
+) -> list[dict[str, Any]]:
+    """A router that remembers what it routed and restarted has forgotten it: each replica of
+    its fleet is warmed again (through the router), past its cooldown, unless it was just
+    ``warmed`` (a replica that restarted with it). Returns what fired."""
+    fired = []
+    for change in changes:
+        fleet = settings.fleet(change["fleet"])
+        if not change["router_restarted"] or road_of(fleet.policy) is not Road.THROUGH_ROUTER:
+            continue
+        for engine in settings.replicas_of(fleet.name):
+            if engine.name in warmed:
+                continue
+            event = TriggerEvent(ROUTER_RESTARTED, engine.name, now, {"fleet": fleet.name})
+            if cooldown_allows(store, event):
+                fired.append({**event.to_dict(), **warm(engine.name, event.kind)})
+    return fired
 
 
 def _record(
-    store: Store, fleet: FleetSettings, before: Settings, after: Settings, up: bool
+    store: Store, fleet: FleetSettings, before: Settings, after: Settings, seen: dict[str, Any]
 ) -> dict[str, Any]:
     road = road_of(fleet.policy).value
     old = {e.name for e in before.replicas_of(fleet.name)}
     now = {e.name for e in after.replicas_of(fleet.name)}
     record_fleet(
         store, fleet.name, {name: (fleet.policy, road) for name in now},
-        [(name, fleet.policy, road) for name in sorted(old - now)], router_up=up,
+        [(name, fleet.policy, road) for name in sorted(old - now)], router_up=seen["router_up"],
+        router_restarted=seen["router_restarted"],
     )  # fmt: skip
     return {"added": sorted(now - old), "removed": sorted(old - now)}
 

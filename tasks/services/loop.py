@@ -24,13 +24,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
 from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
+from pipeline.fleet_roads import Road, road_note, road_of
 from pipeline.gateway_answers import cache_answers
 from pipeline.planner.candidates import configured_adapter_items
 from pipeline.planner.plan import WarmItem, WarmPlan
@@ -162,7 +163,7 @@ class WarmLoop:
         replica's plan has its workload shapes, and its configured adapters as ``extra``; the
         requests its gateways' clients repeat are ``extra`` of every plan."""
         replica = reason == PlanReason.REPLICA
-        records = snapshot.records
+        records, fleet_note = self.fleet_records(engine, snapshot.records)
         if records is None or records.empty:
             if not replica or not engine.adapters:
                 return None
@@ -171,13 +172,33 @@ class WarmLoop:
         request = plan_request(self.settings, engine.name, shapes=replica)
         extra = configured_adapters(engine) if replica else []
         extra += planning.gateway_candidates(self.settings, engine.name, records)
-        return planning.plan_for(
+        plan = planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine,
             models_root=models_root(self.settings.data_dir, engine.name),
             forecast="auto" if counts is not None else "frequency",
             min_windows=self.settings.loop.min_windows_for_model,
             extra=extra,
         )  # fmt: skip
+        return replace(plan, notes=(*plan.notes, fleet_note)) if fleet_note else plan
+
+    def fleet_records(
+        self, engine: EngineSettings, records: pd.DataFrame | None
+    ) -> tuple[pd.DataFrame | None, str]:
+        """The records a replica of a fleet plans from, and the plan note saying which road
+        its warm-up takes and why: where placement is spread, what every replica of the fleet
+        served (a prefix's next user may land on any of them); else its own, where its
+        prefixes' users landed. ``(records, "")`` for an engine of no fleet."""
+        if engine.fleet is None:
+            return records, ""
+        fleet = self.settings.fleet(engine.fleet)
+        note = road_note(fleet.policy)
+        if road_of(fleet.policy) is not Road.EVERY_REPLICA:
+            return records, f"{note}; candidates: this replica's own records"
+        siblings = [e.name for e in self.settings.replicas_of(fleet.name) if e.name != engine.name]
+        frames = [records] + [Observations(self.settings.data_dir, n).records() for n in siblings]
+        kept = [f for f in frames if f is not None and not f.empty]
+        merged = pd.concat(kept, ignore_index=True) if kept else records
+        return merged, f"{note}; candidates: the records of all {len(siblings) + 1} replicas"
 
     def key_drift(
         self, engine: EngineSettings, snapshot: ObservationsSnapshot, closed_before: float

@@ -69,6 +69,9 @@ class FleetSettings(Section):
     name: str
     router_url: str
     router: Literal["vllm-router", "sglang-router"] = "vllm-router"
+    #: the router's own Prometheus endpoint (``--prometheus-port``): its request counters going
+    #: back say it restarted, however briefly (without it, only a look that found it down does)
+    router_metrics_url: str | None = None
     policy: Policy = "cache_aware"
     model: str
     #: the engine kind of every replica
@@ -89,10 +92,10 @@ class FleetSettings(Section):
     prefill_s_per_token: float | None = Field(None, gt=0)
     adapters: tuple[str, ...] = ()
 
-    @field_validator("router_url")
+    @field_validator("router_url", "router_metrics_url")
     @classmethod
-    def _router_http(cls, value: str) -> str:
-        return http_url(value)
+    def _router_http(cls, value: str | None) -> str | None:
+        return None if value is None else http_url(value)
 
     @field_validator("log", "kv_events", "kv_replay")
     @classmethod

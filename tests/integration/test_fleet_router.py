@@ -50,8 +50,8 @@ def test_replicas_follow_the_routers_worker_list(replicas, store, store_url, bro
         current, changes = look_at_fleets(settings, store)
         names = [f"chat-127.0.0.1-{r.port}" for r in replicas]
         assert [e.name for e in current.replicas_of("chat")] == sorted(names[:2])
-        assert changes == [{"fleet": "chat", "router_up": True, "added": sorted(names[:2]),
-                            "removed": []}]  # fmt: skip
+        assert changes == [{"fleet": "chat", "router_up": True, "router_restarted": False,
+                            "added": sorted(names[:2]), "removed": []}]  # fmt: skip
         assert current.sources_of(names[0])[0].path == str(tmp_path / f"{replicas[0].port}.log")
         added = httpx.post(f"{router.url}/add_worker", params={"url": urls[2]}, timeout=30)
         assert added.status_code == 200

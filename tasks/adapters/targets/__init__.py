@@ -15,7 +15,7 @@ from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.engine_client import EngineClient
 from tasks.adapters.gateway_client import GatewayClient
-from tasks.adapters.targets import adapter, gateway, prefix
+from tasks.adapters.targets import adapter, gateway, prefix, routed
 from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
 
 Apply = Callable[[Sequence[WarmItem], BatchContext], list[ItemResult]]
@@ -31,6 +31,19 @@ TARGETS: dict[str, tuple[Apply, Verify]] = {
 }
 
 
+#: prefixes and shapes of a fleet whose router remembers what it routed go through the router
+ROUTED: dict[str, tuple[Apply, Verify]] = {
+    "prefix": (routed.apply, routed.verify),
+    "shape": (routed.apply, routed.verify),
+}
+
+
+def _target(kind: str, ctx: BatchContext) -> tuple[Apply, Verify]:
+    if ctx.routed is not None and kind in ROUTED:
+        return ROUTED[kind]
+    return TARGETS[kind]
+
+
 def runs(items: Sequence[WarmItem]) -> list[tuple[str, list[WarmItem]]]:
     """Items cut into runs of one kind, order kept."""
     return [(kind, list(group)) for kind, group in groupby(items, key=lambda i: i.kind)]
@@ -40,7 +53,7 @@ def apply_items(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult
     """Apply ``items`` run by run (each run records its effects before performing them)."""
     results: list[ItemResult] = []
     for kind, run in runs(items):
-        results.extend(TARGETS[kind][0](run, ctx))
+        results.extend(_target(kind, ctx)[0](run, ctx))
     return results
 
 
@@ -50,7 +63,7 @@ def verify_items(
     """Verify applied items run by run; failures are marked on ``results``."""
     position = 0
     for kind, run in runs(items):
-        TARGETS[kind][1](run, results[position : position + len(run)], ctx)
+        _target(kind, ctx)[1](run, results[position : position + len(run)], ctx)
         position += len(run)
 
 

@@ -21,6 +21,20 @@ from tasks.adapters.gateway_client import GatewayClient, GatewayLog
 from tasks.adapters.wal_store import RedisWrite, WalStore
 
 
+@dataclass
+class RoutedFleet:
+    """The road of a fleet whose router remembers what it routed: its router (a client at the
+    router's URL sending no header of prewarm's) and every replica at its own URL, whose
+    ``/metrics`` say where each prime landed."""
+
+    router: EngineClient
+    replicas: dict[str, EngineClient]
+
+    def lookups(self) -> dict[str, float | None]:
+        """Each replica's prefix-cache lookups so far (tokens; None: it publishes none)."""
+        return {name: client.prefix_cache_queries() for name, client in self.replicas.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class WarmOptions:
     """How a plan is executed; stored with the plan in Redis (messages carry ids only)."""
@@ -58,6 +72,8 @@ class ItemResult:
     #: gateway's cache) or "already cached" (the gateway answered the warm-up itself)
     verified_by: str = ""
     gateway_key: str | None = None  # the key the gateway named for the entry
+    #: the fleet replica a prime sent through the router landed on ("" when not routed)
+    replica: str = ""
 
     def fail(self, detail: str) -> None:
         self.ok, self.detail = False, detail
@@ -84,6 +100,9 @@ class BatchContext:
     def gateway_log(self, name: str) -> GatewayLog:
         """The request log of gateway ``name`` (an empty one when no source names it)."""
         return self.gateway_logs.get(name) or GatewayLog(())
+
+    #: a fleet whose router remembers what it routed: prefixes go through it (see ``routed``)
+    routed: RoutedFleet | None = None
 
     @property
     def group_size(self) -> int:

@@ -33,7 +33,8 @@ from tasks.adapters.engine_client import Completion
 from tasks.adapters.targets.base import BatchContext, ItemResult
 
 
-def _irreversible(items: Sequence[WarmItem], ctx: BatchContext, op: str) -> None:
+def irreversible(items: Sequence[WarmItem], ctx: BatchContext, op: str) -> None:
+    """Record ``op`` on each item as an engine effect that cannot be undone (before it is done)."""
     seq = ctx.next_seq()
     ctx.record(
         [
@@ -77,7 +78,7 @@ def _send(items: list[WarmItem], ctx: BatchContext) -> Completion:
 
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
     """Prime every prefix (and run every shape request) once, in plan order."""
-    _irreversible(items, ctx, "prime")
+    irreversible(items, ctx, "prime")
     results = [ItemResult(item.key, item.kind) for item in items]
     for group in groups(items, ctx.group_size):
         try:

@@ -1,0 +1,80 @@
+"""Prefixes warmed through a router that remembers what it routed (``cache_aware``).
+
+Each prefix is one request through the router, exactly as its users send it (chat as chat, a
+text prompt alone, no header of prewarm's), so the router's prefix tree learns where it lives.
+Where it landed is read at every replica's own URL: the one replica whose ``/metrics`` counted
+the prime's prompt tokens as prefix-cache lookups (vLLM counts lookups only while its prefix
+cache is on, and keeps every whole block it computes, so that count is also the proof that the
+prefix is held there). The router's own ``/metrics`` answer for one replica of its choosing and
+are never read. With traffic on several replicas at once a prime's replica cannot be told
+apart: the item fails as unplaced rather than being counted where it may not be. Costs: one
+``GET /metrics`` per replica before the batch and after each prime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pipeline.errors import PrewarmError
+from pipeline.planner.plan import WarmItem
+from tasks.adapters.targets.base import BatchContext, ItemResult, RoutedFleet
+from tasks.adapters.targets.prefix import irreversible
+
+
+def landing(
+    before: Mapping[str, float | None], after: Mapping[str, float | None], prompt_tokens: int
+) -> tuple[str, str]:
+    """The replica a prime of ``prompt_tokens`` landed on, from every replica's lookups before
+    and after it: (replica, "") or ("", why not)."""
+    grew = {
+        name: (after[name] or 0.0) - (before.get(name) or 0.0)
+        for name in after
+        if after[name] is not None and (after[name] or 0.0) > (before.get(name) or 0.0)
+    }
+    if len(grew) == 1:
+        return next(iter(grew)), ""
+    whole = [name for name, delta in grew.items() if delta >= prompt_tokens]
+    if len(whole) == 1:
+        return whole[0], ""
+    if not grew:
+        return "", "placement: no replica's /metrics counted the prime"
+    return "", f"placement: {len(grew)} replicas counted lookups at once (traffic)"
+
+
+def _send(
+    item: WarmItem, routed: RoutedFleet, result: ItemResult, before: dict[str, float | None]
+) -> dict[str, float | None]:
+    """Prime ``item`` through the router; returns the replicas' lookups after it."""
+    max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
+    try:
+        done = routed.router.complete(item, max_tokens=max_tokens)
+    except PrewarmError as exc:
+        result.fail(str(exc))
+        return routed.lookups()
+    result.prime = done
+    after = routed.lookups()
+    replica, why = landing(before, after, done.prompt_tokens)
+    if replica:
+        result.replica = replica
+    else:
+        result.fail(why)
+    return after
+
+
+def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
+    """Send every prefix (and shape) through the router, one per request, in plan order."""
+    assert ctx.routed is not None  # (only routed batches come here)
+    irreversible(items, ctx, "prime")
+    results = [ItemResult(item.key, item.kind) for item in items]
+    lookups = ctx.routed.lookups()
+    for item, result in zip(items, results, strict=True):
+        lookups = _send(item, ctx.routed, result, lookups)
+    return results
+
+
+def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
+    """A prime that landed on one replica, whose own ``/metrics`` counted it, is verified
+    there: that replica is where the router will send the prefix's users."""
+    for result in results:
+        if result.ok and result.replica:
+            result.verified_by = "prime"

@@ -1,0 +1,61 @@
+"""Warm-ups by router family on simulator replicas behind the real ``vllm-router``: a text-history
+router (``cache_aware``) is warmed through the router, one prompt per request as users send it,
+each prime verified on the replica it landed on (read at the replica's own ``/metrics``); a
+spread one (``round_robin``) on every replica from the records of all of them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.fleet_roads import road_note
+from tests.integration.fleet_rig import FleetRig
+
+pytestmark = pytest.mark.integration
+
+TEMPLATES = 4
+
+
+@pytest.fixture
+def rig(request, tmp_path, store, store_url):
+    fleet = FleetRig(tmp_path, request.param, 3, store, store_url).start()
+    yield fleet
+    fleet.stop()
+
+
+@pytest.mark.parametrize("rig", ["cache_aware"], indirect=True)
+def test_cache_aware_is_warmed_through_the_router_after_a_rolling_restart(rig):
+    rig.traffic(TEMPLATES, uses=3)
+    rig.observe()
+    rig.rolling_restart()
+    assert rig.warmups.batches, "no warm-up ran"
+    assert all(road_note("cache_aware") in " ".join(b["notes"]) for b in rig.warmups.batches)
+    assert all(b["state"] == "committed" for b in rig.warmups.batches), rig.warmups.batches
+    first = rig.first_uses(TEMPLATES, "the rolling restart")
+    assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
+    landed = {replica for _, replica in first.values()}
+    assert landed <= set(rig.warmups.requests), (landed, rig.warmups.requests)
+    # the warm-ups went through the router, without prewarm's request id, one per request
+    logs = "".join(p.read_text() for p in rig.tmp.glob("replica-*.log"))
+    assert "prewarm-" not in " ".join(re.findall(r"Received request (\S+)", logs))
+    assert '"prompt":["' not in logs
+    # a router restart alone: its memory is gone, so every replica is warmed through it again
+    rig.router.restart()
+    fired = rig.poll()
+    assert sorted(f["kind"] for f in fired) == ["router_restarted"] * 3, fired
+    first = rig.first_uses(TEMPLATES, "the router's restart")
+    assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
+
+
+@pytest.mark.parametrize("rig", ["round_robin"], indirect=True)
+def test_spread_placement_is_warmed_on_every_replica_within_capacity(rig):
+    rig.traffic(TEMPLATES, uses=2)
+    rig.observe()
+    rig.rolling_restart()
+    notes = " ".join(n for b in rig.warmups.batches for n in b["notes"])
+    assert "candidates: the records of all 3 replicas" in notes
+    assert len(rig.warmups.requests) == 3  # every replica warmed directly
+    first = rig.first_uses(TEMPLATES, "the rolling restart")
+    assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
+    assert all(held <= 512 * 16 for held in rig.held_tokens().values())
