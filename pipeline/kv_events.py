@@ -110,6 +110,43 @@ class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
+class _MapBlockStored(msgspec.Struct, tag="BlockStored", gc=False):
+    """:class:`BlockStored` as a current vLLM 0.32 puts it on the wire: every field, ``None``
+    included (vllm-router 0.1.17 refuses an event without ``parent_block_hash``, ``lora_id`` or
+    ``lora_name``)."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None = None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+
+
+class _MapBlockRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
+    """:class:`BlockRemoved` as a current vLLM puts it on the wire: every field."""
+
+    block_hashes: list[BlockHash]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_MapBlockStored | _MapBlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[msgspec.Raw]
@@ -214,9 +251,19 @@ class KvEventDecoder:
 def encode_batch(batch: EventBatch, form: WireForm = "map") -> bytes:
     """``batch`` encoded as vLLM encodes it, in the tagged-map or the older tagged-array form."""
     if form == "map":
-        return msgspec.msgpack.encode(batch)
+        maps = [_as_map(e) for e in batch.events]
+        return msgspec.msgpack.encode(_MapBatch(batch.ts, maps, batch.data_parallel_rank))
     events = [_as_array(e) for e in batch.events]
     return msgspec.msgpack.encode(_ArrayBatch(batch.ts, events, batch.data_parallel_rank))
+
+
+def _as_map(event: AnyEvent) -> _MapBlockStored | _MapBlockRemoved | AllBlocksCleared:
+    if isinstance(event, AllBlocksCleared):
+        return event
+    fields = {f: getattr(event, f) for f in event.__struct_fields__}
+    if isinstance(event, BlockStored):
+        return _MapBlockStored(**fields)
+    return _MapBlockRemoved(**fields)
 
 
 def _as_array(event: AnyEvent) -> ArrayBlockStored | ArrayBlockRemoved | ArrayAllBlocksCleared:

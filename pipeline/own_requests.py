@@ -35,20 +35,31 @@ def is_own_request(request_id: object) -> bool:
     return isinstance(request_id, str) and _OWN.search(request_id) is not None
 
 
-def own_mask(records: pd.DataFrame) -> pd.Series:
-    """True for each record prewarm sent itself."""
+def own_mask(records: pd.DataFrame, sent: frozenset[str] = frozenset()) -> pd.Series:
+    """True for each record prewarm sent itself: tagged with its id, or one of the engine
+    request ids in ``sent`` — the ids a router's replica gave prewarm's warm-ups, which go
+    through the router with no id of prewarm's (a completion's log id ``cmpl-<id>-<n>`` is
+    matched by its response's ``cmpl-<id>``)."""
     if "request_id" not in records.columns or records.empty:
         return pd.Series(False, index=records.index, dtype=bool)
-    return records["request_id"].map(is_own_request).astype(bool)
+    ids = records["request_id"]
+    mask = ids.map(is_own_request).astype(bool)
+    if sent:
+        base = ids.astype("string").str.replace(r"-\d+$", "", regex=True)
+        mask |= ids.isin(sent).to_numpy() | base.isin(sent).fillna(False).to_numpy(dtype=bool)
+    return mask
 
 
 def without_own_requests(
-    records: pd.DataFrame, counts: pd.DataFrame | None, window: str
+    records: pd.DataFrame,
+    counts: pd.DataFrame | None,
+    window: str,
+    sent: frozenset[str] = frozenset(),
 ) -> tuple[pd.DataFrame, pd.DataFrame | None, int]:
     """``records`` and their item × window ``counts`` without prewarm's own requests, and how
     many were left out. Counts are additive, so the own records' counts are subtracted (a
     source's counts that came without records stay as they are)."""
-    mask = own_mask(records)
+    mask = own_mask(records, sent)
     dropped = int(mask.sum())
     if not dropped:
         return records, counts, 0

@@ -32,6 +32,8 @@ class Completion:
     prompt_tokens: int
     cached_tokens: int | None
     elapsed_s: float
+    #: the engine's id of the request (its response's ``id``), as its log names it
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ def _completion(body: Mapping[str, Any], elapsed: float, chat: bool) -> Completi
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         cached_tokens=details.get("cached_tokens"),
         elapsed_s=elapsed,
+        request_id=str(body.get("id") or ""),
     )
 
 

@@ -25,6 +25,27 @@ def save_members(store: redis.Redis, fleet: str, urls: list[str]) -> None:
     store.set(redis_keys.FLEET_MEMBERS.format(fleet=fleet), json.dumps(sorted(urls)))
 
 
+#: how long a warm-up's request id is remembered (its replica's log is read well before)
+SENT_KEEP_S = 86400.0
+
+
+def remember_sent(store: redis.Redis, request_ids: Iterable[str], now: float) -> None:
+    """Remember the engine request ids of warm-ups sent through a router (older ones go)."""
+    ids = {rid: now for rid in request_ids if rid}
+    if not ids:
+        return
+    with store.pipeline(transaction=False) as pipe:
+        pipe.zadd(redis_keys.FLEET_SENT, ids)
+        pipe.zremrangebyscore(redis_keys.FLEET_SENT, "-inf", now - SENT_KEEP_S)
+        pipe.execute()
+
+
+def sent_ids(store: redis.Redis) -> frozenset[str]:
+    """The engine request ids of warm-ups sent through a router, remembered."""
+    raw = store.zrange(redis_keys.FLEET_SENT, 0, -1)
+    return frozenset(r.decode() if isinstance(r, bytes) else str(r) for r in raw)
+
+
 def router_seen(store: redis.Redis, fleet: str) -> dict[str, Any] | None:
     """What the last look at ``fleet``'s router saw (None: never looked)."""
     raw = store.get(redis_keys.FLEET_ROUTER.format(fleet=fleet))

@@ -53,6 +53,9 @@ TRIGGER_DETECTORS = ROOT + ":triggers:{engine}:detectors"
 FLEET_MEMBERS = ROOT + ":fleets:{fleet}:members"
 #: what prewarm last saw of a fleet's router (JSON: up, seen, a restart's time)
 FLEET_ROUTER = ROOT + ":fleets:{fleet}:router"
+#: the engine request ids of warm-ups sent through a router (zset: id -> when), which carry no
+#: id of prewarm's: a replica's log names them, and the loop leaves them out of demand
+FLEET_SENT = ROOT + ":fleets:sent"
 
 # --- templates and webhooks ---------------------------------------------------------------------
 TEMPLATE_SERVING = ROOT + ":templates:{repo}:serving"

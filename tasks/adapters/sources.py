@@ -30,7 +30,7 @@ from pipeline.ingest import IngestOptions, IngestResult, IngestState, ingest_pat
 from pipeline.ingest.state import FileState
 from pipeline.own_requests import without_own_requests
 from pipeline.records import records_frame
-from tasks.adapters import redis_keys
+from tasks.adapters import fleet_state, redis_keys
 from tasks.settings import EngineSettings, Settings, SourceSettings
 
 log = logging.getLogger(__name__)
@@ -167,8 +167,9 @@ class NewData:
 
 
 def _read_one(
-    source: SourceSettings, engine: EngineSettings, settings: Settings, states: SourceStates
-) -> tuple[IngestResult | None, SourceRead]:
+    source: SourceSettings, engine: EngineSettings, settings: Settings, states: SourceStates,
+    sent: frozenset[str] = frozenset(),
+) -> tuple[IngestResult | None, SourceRead]:  # fmt: skip
     sid = source_id(source)
     base = SourceRead(sid, source.kind, source.path, ts=time.time())
     files = source_files(source)
@@ -183,7 +184,7 @@ def _read_one(
     states.save(engine.name, sid, state)
     summary = result.summary_dict()
     records, counts, own = without_own_requests(
-        result.records, result.counts, f"{settings.schedule.window_s}s"
+        result.records, result.counts, f"{settings.schedule.window_s}s", sent
     )
     result = replace(result, records=records, counts=counts)
     offsets = {path: s.offset for path, s in state.files.items()}
@@ -198,8 +199,10 @@ def read_new(settings: Settings, store: redis.Redis, engine: EngineSettings) -> 
     sources = settings.sources_of(engine.name)
     states.forget_others(engine.name, {source_id(s) for s in sources})
     results, reads = [], []
+    # (a fleet replica's log also names the warm-ups sent through its router)
+    sent = fleet_state.sent_ids(store) if engine.fleet is not None else frozenset()
     for source in sources:
-        result, read = _read_one(source, engine, settings, states)
+        result, read = _read_one(source, engine, settings, states, sent)
         states.record(engine.name, read)
         reads.append(read)
         if result is not None:

@@ -16,6 +16,7 @@ import httpx
 from jobs.cmd_watch import Watcher
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.planner.plan import WarmPlan
+from tasks.adapters import redis_keys
 from tasks.adapters.engine_client import samples_from_text
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
@@ -27,7 +28,7 @@ from tests.integration.processes import free_port
 from tests.integration.router import RouterProcess
 
 #: prefix-cache blocks of one simulator replica (16 tokens each)
-CAPACITY_BLOCKS = 512
+CAPACITY_BLOCKS = 1024
 
 
 def template(n: int, words: int = 120) -> str:
@@ -50,13 +51,25 @@ class Warmups:
 class FleetRig:
     """``count`` replicas behind a router with ``policy``; see the module docstring."""
 
-    def __init__(self, tmp_path: Path, policy: str, count: int, store: Any, store_url: str):
-        self.tmp, self.policy, self.store = tmp_path, policy, store
+    def __init__(
+        self, tmp_path: Path, policy: str, count: int, store: Any, store_url: str,
+        words: int = 120,
+    ) -> None:  # fmt: skip
+        self.tmp, self.policy, self.store, self.words = tmp_path, policy, store, words
+        self.kv = policy == "kv_aware"  # replicas publish KV events, which the router reads
         self.replicas = [self._replica() for _ in range(count)]
         self.metrics_port = free_port()
+        kv_args = ["--kv-event-block-size", "16", "--kv-event-model", "sim-llm"] if self.kv else []
+        for r in self.replicas if self.kv else []:  # (each flag names one worker)
+            kv_args += [
+                "--kv-event-source",
+                f"{r.url}={r.config.kv_events_endpoint}",
+                "--kv-event-replay-source",
+                f"{r.url}={r.config.kv_replay_endpoint}",
+            ]
         self.router = RouterProcess(
             [r.url for r in self.replicas], policy, tmp_path / "router.log",
-            "--prometheus-port", str(self.metrics_port),
+            "--prometheus-port", str(self.metrics_port), *kv_args,
         )  # fmt: skip
         fleet = FleetSettings(
             name="fleet", router_url=self.router.url, policy=policy,  # type: ignore[arg-type]
@@ -74,9 +87,17 @@ class FleetRig:
 
     def _replica(self) -> SimulatorServer:
         port = free_port()
-        config = SimulatorConfig(
-            log_file=self.tmp / f"replica-{port}.log", capacity_blocks=CAPACITY_BLOCKS
+        kv = (
+            {
+                "kv_events_endpoint": f"tcp://127.0.0.1:{free_port()}",
+                "kv_replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+            }
+            if self.kv
+            else {}
         )
+        config = SimulatorConfig(
+            log_file=self.tmp / f"replica-{port}.log", capacity_blocks=CAPACITY_BLOCKS, **kv
+        )  # type: ignore[arg-type]
         return SimulatorServer(config, port=port).start()
 
     def start(self) -> FleetRig:
@@ -93,7 +114,7 @@ class FleetRig:
 
     def send(self, n: int, question: str) -> tuple[int, int]:
         """One user's chat on template ``n`` through the router: (cached, prompt) tokens."""
-        messages = [{"role": "system", "content": template(n)},
+        messages = [{"role": "system", "content": template(n, self.words)},
                     {"role": "user", "content": question}]  # fmt: skip
         body = {"model": "sim-llm", "messages": messages, "max_tokens": 2}
         usage = httpx.post(f"{self.router.url}/v1/chat/completions", json=body, timeout=30)
@@ -111,7 +132,8 @@ class FleetRig:
         out = {}
         for n in range(templates):
             before = self.lookups()
-            cached, prompt = self.send(n, f"A first question after {tag}, on case {n}?")
+            # (the tag first: first uses of two scenarios share no words after the template)
+            cached, prompt = self.send(n, f"{tag}: a first question on case {n}?")
             after = self.lookups()
             landed = [k for k in after if after[k] > before.get(k, 0.0)]
             out[n] = (cached >= prompt // 2, landed[0] if len(landed) == 1 else "?")
@@ -174,9 +196,17 @@ class FleetRig:
         else:
             self.warmups.requests[engine] += result["engine_requests"]
             items = plan.batches(plan.budget.batch_size)[batch]
-            self.warmups.tokens[engine] += sum(i.tokens for i in items if i.kind == "prefix")
+            self.warmups.tokens[engine] += sum(
+                i.tokens for i in items if i.kind in ("prefix", "shape")
+            )
 
     # --- scenarios ----------------------------------------------------------------------------
+
+    def after_cooldowns(self) -> None:
+        """As if the trigger cooldowns had run out (a replica restarted twice in 30 s is warmed
+        once): the scenarios follow each other in seconds."""
+        for key in self.store.scan_iter(match=redis_keys.TRIGGER_COOLDOWN.split("{")[0] + "*"):
+            self.store.delete(key)
 
     def rolling_restart(self) -> None:
         for replica in self.replicas:

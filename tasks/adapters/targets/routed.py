@@ -13,10 +13,12 @@ apart: the item fails as unplaced rather than being counted where it may not be.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from pipeline.errors import PrewarmError
 from pipeline.planner.plan import WarmItem
+from tasks.adapters import fleet_state
 from tasks.adapters.targets.base import BatchContext, ItemResult, RoutedFleet
 from tasks.adapters.targets.prefix import irreversible
 
@@ -69,6 +71,8 @@ def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
     lookups = ctx.routed.lookups()
     for item, result in zip(items, results, strict=True):
         lookups = _send(item, ctx.routed, result, lookups)
+    sent = [r.prime.request_id for r in results if r.prime is not None]
+    fleet_state.remember_sent(ctx.store, sent, time.time())
     return results
 
 
