@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from jobs.cmd_watch import Watcher
+from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.planner.plan import WarmPlan
 from tasks.adapters import redis_keys
@@ -24,7 +25,6 @@ from tasks.services.batch_runner import BatchRunner
 from tasks.services.replica_watch import warm_for_trigger
 from tasks.settings import ScheduleSettings, Settings
 from tasks.settings.fleets import FleetSettings
-from tests.integration.processes import free_port
 from tests.integration.router import RouterProcess
 
 #: prefix-cache blocks of one simulator replica (16 tokens each)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.processes import free_port
+from jobs.embedded import free_port
 
 
 def router_binary() -> str:

@@ -12,12 +12,12 @@ import pytest
 
 from jobs.api import build_api
 from jobs.cmd_watch import Watcher
+from jobs.embedded import serve_app
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from tasks.services.fleets import fleet_settings, look_at_fleets
 from tasks.services.status import loop_status
 from tasks.settings import Settings
 from tasks.settings.fleets import FleetSettings
-from tests.integration.http_server import serve
 from tests.integration.router import RouterProcess
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_replicas_follow_the_routers_worker_list(replicas, store, store_url, bro
         assert {e["engine"]: e["fleet"] for e in status["engines"]} == dict.fromkeys(
             sorted(names[1:]), "chat"
         )
-        with serve(build_api(settings)) as api:
+        with serve_app(build_api(settings)) as api:
             scrape = httpx.get(f"{api}/metrics").text
     for name, value in ((names[0], "0.0"), (names[1], "1.0"), (names[2], "1.0")):
         series = (f'prewarm_fleet_replica{{engine="{name}",fleet="chat",policy="round_robin",'
