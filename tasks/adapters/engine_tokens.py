@@ -34,7 +34,10 @@ def measure_tokens(
     Returns what was measured (item key → tokens); empty when the engine has no tokenizer
     endpoint or does not answer — the caller keeps its estimates then.
     """
-    prompts = [i for i in items if i.text is not None or i.messages is not None][:limit]
+    # (an item primed with its exact token ids, a chain learned from KV events, is counted)
+    prompts = [
+        i for i in items if i.token_ids is None and (i.text is not None or i.messages is not None)
+    ][:limit]
     counts: dict[str, int] = {}
     client = EngineClient(engine, timeout_s=10.0, retry=RetryPolicy(attempts=2))
     try:

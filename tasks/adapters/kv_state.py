@@ -27,6 +27,7 @@ import redis
 
 from pipeline.kv_holdings import ReplicaHoldings
 from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
+from pipeline.windows import COUNT_DTYPES
 from tasks.adapters import redis_keys
 from tasks.adapters.kv_subscriber import Cursor
 
@@ -140,6 +141,23 @@ def append_counts(data_dir: Path, engine: str, counts: pd.DataFrame) -> Path | N
     merged.astype(counts.dtypes.to_dict()).to_parquet(tmp, index=False)
     os.replace(tmp, path)
     return path
+
+
+def counts_after(
+    data_dir: Path, engine: str, after: float | None
+) -> tuple[pd.DataFrame | None, float | None]:
+    """The engine's KV-event counts of the windows that start after ``after`` (Unix seconds;
+    None: all) as observation counts (``COUNT_DTYPES``: the uses of each held chain), and the
+    start of the last of them (None: no new window)."""
+    counts = read_counts(data_dir, engine)
+    if counts is None or counts.empty:
+        return None, None
+    starts = counts["window_start"].map(lambda t: t.timestamp())
+    new = counts[starts > after] if after is not None else counts
+    if new.empty:
+        return None, None
+    last = float(new["window_start"].max().timestamp())
+    return new[list(COUNT_DTYPES)].astype(COUNT_DTYPES).reset_index(drop=True), last
 
 
 def read_counts(data_dir: Path, engine: str) -> pd.DataFrame | None:

@@ -52,6 +52,14 @@ class LoopState:
         """Give a claimed window back (its tick failed: a retry may run it again)."""
         self._release(keys=[redis_keys.LOOP_TICK_CLAIM.format(engine=engine)], args=[repr(start)])
 
+    def kv_window(self, engine: str) -> float | None:
+        """The start of the last KV-event count window taken into ``engine``'s observations."""
+        raw = self.store.get(redis_keys.LOOP_KV_WINDOW.format(engine=engine))
+        return None if raw is None else float(raw)
+
+    def set_kv_window(self, engine: str, start: float) -> None:
+        self.store.set(redis_keys.LOOP_KV_WINDOW.format(engine=engine), repr(start))
+
     def next_tick(self, engine: str) -> float | None:
         raw = self.store.get(redis_keys.LOOP_NEXT_TICK.format(engine=engine))
         return None if raw is None else float(raw)

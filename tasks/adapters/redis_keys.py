@@ -38,6 +38,8 @@ LOOP_NEXT_TICK = ROOT + ":loop:{engine}:next-tick"
 LOOP_TICK_CLAIM = ROOT + ":loop:{engine}:tick-claim"
 #: what the engine's last window tick's plan predicted for its window (hash: item key → hits)
 LOOP_WINDOW_PREDICTIONS = ROOT + ":loop:{engine}:window-predictions"
+#: the last window of the engine's KV-event counts taken into its observations (Unix seconds)
+LOOP_KV_WINDOW = ROOT + ":loop:{engine}:kv-window"
 #: one engine's observations are written by one process at a time
 LOOP_LOCK = ROOT + ":loop:{engine}:lock"
 

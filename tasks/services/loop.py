@@ -33,6 +33,7 @@ from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
 from pipeline.fleet_roads import Road, road_note, road_of
 from pipeline.gateway_answers import cache_answers
+from pipeline.kv_holdings import restore_candidates
 from pipeline.planner.candidates import configured_adapter_items
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason
@@ -41,8 +42,14 @@ from pipeline.triggers import TriggerEvent, drift_events
 from tasks.adapters import telemetry
 from tasks.adapters.connections import check_engine_url
 from tasks.adapters.cooldowns import cooldown_allows
+from tasks.adapters.kv_state import counts_after, load_holdings
 from tasks.adapters.loop_state import LoopState
-from tasks.adapters.observations import Observations, ObservationsSnapshot, models_root
+from tasks.adapters.observations import (
+    Observations,
+    ObservationsSnapshot,
+    merge_counts,
+    models_root,
+)
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
@@ -117,13 +124,34 @@ class WarmLoop:
             raise BadInputError("another process holds its observations", where=engine.name)
         try:
             new = read_new(self.settings, self.store, engine)
+            kv_counts, kv_last = self.kv_counts(engine)
+            counts = merge_counts(new.counts, kv_counts)
             loop = self.settings.loop
             snapshot = Observations(self.settings.data_dir, engine.name).append(
-                new.records, new.counts, loop.keep_records, loop.keep_windows
+                new.records, counts, loop.keep_records, loop.keep_windows
             )
+            if kv_last is not None:
+                self.state.set_kv_window(engine.name, kv_last)
         finally:
             lock.release()
         return snapshot, new
+
+    def kv_counts(self, engine: EngineSettings) -> tuple[pd.DataFrame | None, float | None]:
+        """The windows of ``engine``'s KV-event counts not yet in its observations (written by
+        its ``prewarm kv-events`` follower: the uses of each chain it held), and the last
+        window's start: how a replica that logs no prompts (vLLM at INFO) is observed."""
+        if self.settings.kv_events_of(engine.name) is None:
+            return None, None
+        return counts_after(self.settings.data_dir, engine.name, self.state.kv_window(engine.name))
+
+    def kv_candidates(self, engine: EngineSettings) -> list[WarmItem]:
+        """The chains ``engine`` held, by its KV events (its follower's last snapshot), as
+        candidates primed with their token ids: a replica that logs no prompts is planned for
+        from these."""
+        if self.settings.kv_events_of(engine.name) is None:
+            return []
+        loaded = load_holdings(self.settings.data_dir, engine.name)
+        return [] if loaded is None else restore_candidates(loaded[0], engine.model)
 
     def learnable(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> bool:
         """Whether a forecaster can be used: one is saved, or the snapshot has enough windows
@@ -164,10 +192,12 @@ class WarmLoop:
         requests its gateways' clients repeat are ``extra`` of every plan."""
         replica = reason == PlanReason.REPLICA
         records, fleet_note = self.fleet_records(engine, snapshot.records)
+        held: list[WarmItem] = []
         if records is None or records.empty:
-            if not replica or not engine.adapters:
+            held = self.kv_candidates(engine)  # a replica that logs no prompts: its KV events
+            if not held and (not replica or not engine.adapters):
                 return None
-            records = records_frame([])  # nothing served yet: a replica still gets its adapters
+            records = records_frame([])  # nothing logged: its held chains, a replica's adapters
         counts = snapshot.counts if self.learnable(engine, snapshot) else None
         request = plan_request(self.settings, engine.name, shapes=replica)
         extra = configured_adapters(engine) if replica else []
@@ -177,9 +207,11 @@ class WarmLoop:
             models_root=models_root(self.settings.data_dir, engine.name),
             forecast="auto" if counts is not None else "frequency",
             min_windows=self.settings.loop.min_windows_for_model,
-            extra=extra,
+            extra=[*extra, *held],
         )  # fmt: skip
-        return replace(plan, notes=(*plan.notes, fleet_note)) if fleet_note else plan
+        notes = [fleet_note] if fleet_note else []
+        notes += [f"candidates: {len(held)} chains held by its KV events"] if held else []
+        return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
     def fleet_records(
         self, engine: EngineSettings, records: pd.DataFrame | None
