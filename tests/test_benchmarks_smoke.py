@@ -123,6 +123,12 @@ def test_webhook_rewarm_rewarms_one_changed_template(private_redis):
     assert 0 < result["one_changed_p50_s"] <= result["one_changed_p99_s"]
 
 
+def test_fleet_scale_runs_a_fleet_behind_the_router(private_redis):
+    (row,) = last_json(smoke("fleet_scale.py", "--redis", private_redis))
+    assert row["replicas"] == 2 and row["cpu_s_per_tick_per_replica"] > 0
+    assert row["redis_keys"] > 0 and row["redis_key_bytes"] > 0
+
+
 def test_vllm_cold_start_pure_parts():
     """No vLLM here: the workload, summaries, goals and table on a made-up replay."""
     stdout = smoke("engines/vllm_cold_start.py")
