@@ -241,9 +241,10 @@ def model_classes() -> dict[str, type]:
     )
     from models.forecaster import HotnessForecaster
     from models.profiles import WorkloadProfiler
+    from models.topics import TopicModel
 
     classes = (LastWindow, MovingAverage, EWMA, SeasonalNaive, RecencyBlend, DailyBlend,
-               HotnessForecaster, WorkloadProfiler)  # fmt: skip
+               HotnessForecaster, WorkloadProfiler, TopicModel)  # fmt: skip
     return {cls.name: cls for cls in classes}
 
 
