@@ -37,6 +37,7 @@ import pandas as pd
 
 from pipeline.keys import canonical_json, stable_hash
 from pipeline.planner.plan import WarmItem
+from pipeline.planner.recency import weigh_windows
 from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, count_tokens, prefix_chain
 
 GroupKey = tuple[str, str, str]  # model, tenant, endpoint
@@ -232,7 +233,7 @@ def detect_prefixes(
 Span = tuple[int, int]  # first and last window of the history
 
 
-def _span(windows: Mapping[int, int], span: Span | None) -> Span:
+def _span(windows: Mapping[int, float], span: Span | None) -> Span:
     if span is None:
         return min(windows), max(windows)
     return min(span[0], min(windows)), max(span[1], max(windows))
@@ -243,7 +244,7 @@ FREQUENCY_ALPHA = 0.5
 
 
 def frequency_forecast(
-    windows: Mapping[int, int], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
+    windows: Mapping[int, float], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
 ) -> float:
     """Next-window hits from per-window counts: EWMA over the history's windows (``span``, by
     default the item's own), gaps counted as 0."""
@@ -256,7 +257,7 @@ def frequency_forecast(
     return estimate
 
 
-def history_rate(windows: Mapping[int, int], span: Span | None = None) -> float:
+def history_rate(windows: Mapping[int, float], span: Span | None = None) -> float:
     """Mean hits per window over the history (``span``, by default the item's own), gaps 0."""
     if not windows:
         return 0.0
@@ -265,7 +266,7 @@ def history_rate(windows: Mapping[int, int], span: Span | None = None) -> float:
 
 
 def frequency_hits(
-    windows: Mapping[int, int], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
+    windows: Mapping[int, float], alpha: float = FREQUENCY_ALPHA, span: Span | None = None
 ) -> float:
     """Next-window hits: the EWMA (recent trend) averaged with the whole-history rate.
 
@@ -288,18 +289,22 @@ def prefix_items(
     forecast: Mapping[str, float] | None = None,
     window_s: int = 300,
     span: Span | None = None,
+    newest_from: int | None = None,
 ) -> list[WarmItem]:
     """Warm-up candidates for prefixes; hits from ``forecast`` or :func:`frequency_hits`.
 
     A prefix seen in the history is never predicted at exactly 0: a learned forecast's value is
     floored at :data:`SEEN_FLOOR_SHARE` of its history rate. Each item names its ``parent``.
+    With ``newest_from`` (a window number, after a drift), windows before it weigh less
+    (:mod:`pipeline.planner.recency`).
     """
     items = []
     for p in prefixes:
+        windows = weigh_windows(p.windows, newest_from)
         if forecast is not None and p.key in forecast:
-            hits = max(forecast[p.key], SEEN_FLOOR_SHARE * history_rate(p.windows, span))
+            hits = max(forecast[p.key], SEEN_FLOOR_SHARE * history_rate(windows, span))
         else:
-            hits = frequency_hits(p.windows, span=span)
+            hits = frequency_hits(windows, span=span)
         params: dict[str, Any] = {}
         if p.endpoint == "chat" and p.messages is None:
             params["add_special_tokens"] = False

@@ -1,4 +1,5 @@
-"""Cold-cache triggers (pure): hit-rate drops, request-rate spikes, key drift, replica start-up.
+"""Cold-cache triggers (pure): hit-rate drops, request-rate spikes, key drift, replica start-up
+(topic drift: :mod:`pipeline.topic_drift`).
 
 Detectors see one observation at a time (a metrics scrape, a window of counts) and keep only a
 short rolling baseline, so a watcher can run them forever. Each trigger kind has a cooldown per
@@ -18,6 +19,7 @@ import pandas as pd
 HIT_RATE_DROP = "hit_rate_drop"
 REQUEST_SPIKE = "request_spike"
 KEY_DRIFT = "key_drift"
+TOPIC_DRIFT = "topic_drift"
 REPLICA_READY = "replica_ready"
 REPLICA_RESTARTED = "replica_restarted"
 

@@ -47,6 +47,9 @@ class PlanRequest:
     ``template`` plans only the candidates the
     caller passes (the changed templates' new heads, :func:`template_head_items`); the others
     plan what the records suggest. ``recent_windows`` bounds how old a prefix may be.
+    ``newest_since`` (Unix seconds, set after a drift trigger) is where the newest windows
+    begin: the frequency estimate takes windows before it at a fraction
+    (:mod:`pipeline.planner.recency`).
     """
 
     engine: str
@@ -63,6 +66,7 @@ class PlanRequest:
     shapes: bool = False
     reason: PlanReason = PlanReason.CLI
     recent_windows: int = DEFAULT_RECENT_WINDOWS
+    newest_since: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reason", plan_reason(self.reason))
@@ -203,7 +207,8 @@ def prefix_candidates(
     if span is not None:
         oldest = span[1] - request.recent_windows
         found = [p for p in found if not p.windows or max(p.windows) >= oldest]
-    items = prefix_items(found, forecast, request.window_s, span)
+    newest = None if request.newest_since is None else int(request.newest_since // request.window_s)
+    items = prefix_items(found, forecast, request.window_s, span, newest)
     if request.model:
         items = [i for i in items if i.model in (request.model, "unknown")]
         items = [replace(i, model=request.model) for i in items]
