@@ -3,6 +3,7 @@ each warm-up's outcome for status, and the engine's recent plan ids."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,6 +90,17 @@ class LoopState:
         """What the last window tick's plan predicted (None: no window tick planned yet)."""
         raw = self.store.hgetall(redis_keys.LOOP_WINDOW_PREDICTIONS.format(engine=engine))
         return {_text(k): float(v) for k, v in raw.items()} if raw else None
+
+    def set_drift(self, engine: str, since: float, until: float, kind: str) -> None:
+        """A drift of ``kind`` moved ``engine``'s workload at ``since`` (Unix seconds): plans
+        weight the windows from there on until ``until``."""
+        body = json.dumps({"since": since, "until": until, "kind": kind})
+        self.store.set(redis_keys.LOOP_DRIFT.format(engine=engine), body)
+
+    def drift(self, engine: str) -> dict[str, Any] | None:
+        """The engine's last drift (``since``, ``until``, ``kind``), or None."""
+        raw = self.store.get(redis_keys.LOOP_DRIFT.format(engine=engine))
+        return None if raw is None else dict(json.loads(raw))
 
     def keep_recent_plans(self, engine: str, plan_id: str, keep: int) -> None:
         """Remember ``plan_id`` among the engine's ``keep`` newest plans; older ones are deleted."""

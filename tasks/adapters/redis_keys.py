@@ -42,6 +42,8 @@ LOOP_WINDOW_PREDICTIONS = ROOT + ":loop:{engine}:window-predictions"
 LOOP_KV_WINDOW = ROOT + ":loop:{engine}:kv-window"
 #: one engine's observations are written by one process at a time
 LOOP_LOCK = ROOT + ":loop:{engine}:lock"
+#: the engine's last drift that plans still answer (JSON: since, until, kind)
+LOOP_DRIFT = ROOT + ":loop:{engine}:drift"
 
 # --- replicas and triggers ----------------------------------------------------------------------
 REPLICA_LAST = ROOT + ":replicas:{engine}:last"

@@ -37,6 +37,7 @@ from pipeline.kv_holdings import restore_candidates
 from pipeline.planner.candidates import configured_adapter_items
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason
+from pipeline.planner.recency import weigh_counts
 from pipeline.records import records_frame
 from pipeline.triggers import TriggerEvent, drift_events
 from tasks.adapters import telemetry
@@ -159,30 +160,40 @@ class WarmLoop:
         root = models_root(self.settings.data_dir, engine.name)
         return root.exists() or snapshot.windows >= self.settings.loop.min_windows_for_model
 
-    def model_in_use(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> str | None:
+    def model_in_use(
+        self, engine: EngineSettings, snapshot: ObservationsSnapshot, refit: bool = False
+    ) -> str | None:
         """The engine's saved forecaster version; one is selected by backtest on the snapshot's
-        counts and saved first when there is none and the snapshot has enough windows. None:
-        the planner uses the frequency estimate."""
+        counts and saved first when there is none (or ``refit``: a drift was found) and the
+        snapshot has enough windows. None: the planner uses the frequency estimate."""
         if not self.learnable(engine, snapshot):
             return None
         root = models_root(self.settings.data_dir, engine.name)
-        # Imported here, not at the top: they load LightGBM (seconds on a small machine), which
+        # Imported here, not at the top: it loads LightGBM (seconds on a small machine), which
         # a loop planning on frequency never needs.
         from models.forecaster import SAVED_NAME
+
+        saved = (root / SAVED_NAME).exists()
+        if (refit or not saved) and not self._fit_forecaster(engine, snapshot) and not saved:
+            return None
+        return current_version(root, SAVED_NAME)
+
+    def _fit_forecaster(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> bool:
+        """Select a forecaster by backtest on the snapshot's counts and save it (False: too
+        few windows, or too little to learn)."""
         from models.persistence import code_version
         from tasks.services.training import train_on_counts
 
-        if not (root / SAVED_NAME).exists():
-            min_windows = self.settings.loop.min_windows_for_model
-            if snapshot.counts is None or snapshot.windows < min_windows:
-                return None
-            source = f"observations:{engine.name}:{snapshot.version.version}/{code_version()}"
-            try:
-                train_on_counts(snapshot.counts, source, root)
-            except (PrewarmError, ValueError) as exc:  # too little to learn: frequency
-                log.info("engine %s: no forecaster fitted (%s)", engine.name, exc)
-                return None
-        return current_version(root, SAVED_NAME)
+        if snapshot.counts is None or snapshot.windows < self.settings.loop.min_windows_for_model:
+            return False
+        root = models_root(self.settings.data_dir, engine.name)
+        source = f"observations:{engine.name}:{snapshot.version.version}/{code_version()}"
+        try:
+            train_on_counts(snapshot.counts, source, root)
+        except (PrewarmError, ValueError) as exc:  # too little to learn: frequency
+            log.info("engine %s: no forecaster fitted (%s)", engine.name, exc)
+            return False
+        return True
 
     def plan(
         self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot
@@ -199,7 +210,11 @@ class WarmLoop:
                 return None
             records = records_frame([])  # nothing logged: its held chains, a replica's adapters
         counts = snapshot.counts if self.learnable(engine, snapshot) else None
-        request = plan_request(self.settings, engine.name, shapes=replica)
+        since = self.newest_since(engine)
+        if counts is not None:
+            counts = weigh_counts(counts, since)
+        request = replace(plan_request(self.settings, engine.name, shapes=replica),
+                          newest_since=since)  # fmt: skip
         extra = configured_adapters(engine) if replica else []
         extra += planning.gateway_candidates(self.settings, engine.name, records)
         plan = planning.plan_for(
@@ -246,6 +261,39 @@ class WarmLoop:
             return None
         return last if cooldown_allows(self.store, last) else None
 
+    def topic_drift(
+        self, engine: EngineSettings, snapshot: ObservationsSnapshot, records: pd.DataFrame,
+        closed_before: float,
+    ) -> TriggerEvent | None:  # fmt: skip
+        """Add the topic mix of ``records`` (what this tick read) to the engine's history; a
+        topic-drift event of the last closed window past its cooldown, else None. An event is
+        answered here: plans weight the windows from the drifted one on for
+        ``topics.weight_windows`` windows, and the topics are fitted again."""
+        topics = self.settings.topics
+        if not topics.enabled or records.empty:
+            return None
+        # Imported here, not at the top: the topics load scikit-learn, and their embedder
+        # torch (seconds and hundreds of MiB), which a loop without topic drift never needs.
+        from tasks.services.topic_drift import TopicWatch
+
+        watch = TopicWatch(self.settings, engine.name)
+        watch.observe(records)
+        event = watch.event(closed_before)
+        if event is None or not cooldown_allows(self.store, event):
+            return None
+        until = closed_before + topics.weight_windows * self.settings.schedule.window_s
+        self.state.set_drift(engine.name, event.ts, until, event.kind)
+        watch.refit(snapshot.records, event.ts)
+        return event
+
+    def newest_since(self, engine: EngineSettings) -> float | None:
+        """Where the newest windows begin while a drift is being answered (Unix seconds),
+        else None."""
+        drift = self.state.drift(engine.name)
+        if drift is None or self.clock() >= float(drift["until"]):
+            return None
+        return float(drift["since"])
+
     def warm_now(self, engine_name: str, reason: str, window: str | None = None) -> dict[str, Any]:
         """Read, observe, plan for ``reason`` and submit; returns the recorded outcome."""
         return self._warm_recorded(self.settings.engine(engine_name), reason, window)[0]
@@ -273,15 +321,19 @@ class WarmLoop:
         outcome.sources = [r.to_dict() for r in new.reads]
         if self.settings.template_repos and len(new.records) and snapshot.records is not None:
             update_template_hotness(self.settings, self.store, engine, snapshot.records["prompt"])
+        window = outcome.reason == PlanReason.WINDOW
+        # every window's topics are observed, an engine that is down or not
+        topic = self.topic_drift(engine, snapshot, new.records, outcome.started) if window else None
         try:
             check_engine_url(engine.url)
         except PrewarmError as exc:
             outcome.status = f"engine down: no plan ({exc})"
             return snapshot
-        outcome.model = self.model_in_use(engine, snapshot)
-        if outcome.reason == "window" and new.counts is not None and len(new.counts):
+        outcome.model = self.model_in_use(engine, snapshot, refit=topic is not None)
+        if window and new.counts is not None and len(new.counts):
             drift = self.key_drift(engine, snapshot, outcome.started)
             outcome.triggers = [drift.to_dict()] if drift is not None else []
+        outcome.triggers += [topic.to_dict()] if topic is not None else []
         plan = self.plan(engine, outcome.reason, snapshot)
         if plan is None or not plan.items:
             outcome.status = "nothing to warm yet" if plan is None else "plan empty"

@@ -34,6 +34,7 @@ from pipeline.planner.plan import (
     WarmPlan,
 )
 from pipeline.planner.reasons import PlanReason, plan_reason
+from pipeline.planner.recency import OLDER_WINDOW_WEIGHT
 from pipeline.tables import read_parquet_file
 from tasks.adapters.engine_tokens import engine_cache, measure_tokens
 from tasks.settings import MIN_WINDOWS_FOR_MODEL, EngineSettings, Settings
@@ -267,6 +268,10 @@ def plan_for(
         windows, models_root, forecast=forecast, min_windows=min_windows
     )
     notes = [note]
+    if request.newest_since is not None:
+        since = pd.Timestamp(request.newest_since, unit="s", tz="UTC").isoformat()
+        notes.append(f"drift: windows from {since} weighted in full, older at "
+                     f"{OLDER_WINDOW_WEIGHT}")  # fmt: skip
     budget = request.budget
     if engine is not None and (budget.block_tokens is None or budget.max_tokens is None):
         request, note = with_engine_cache(request, engine_cache(engine))

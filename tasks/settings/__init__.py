@@ -38,6 +38,7 @@ from tasks.settings.sections import (
     SourceSettings,
     TemplateRepoSettings,
     TenantSettings,
+    TopicSettings,
 )
 from tasks.settings.values import ZMQ_SCHEMES, zmq_endpoint
 from tasks.settings.values import Section as _Section
@@ -73,6 +74,7 @@ class Settings(_Section):
     sources: tuple[AnySource, ...] = ()
     loop: LoopSettings = LoopSettings()
     gateways: tuple[GatewaySettings, ...] = ()
+    topics: TopicSettings = TopicSettings()
     fleets: tuple[FleetSettings, ...] = ()
 
     @field_validator("result_url")

@@ -161,6 +161,25 @@ class LoopSettings(_Section):
     keep_plans: int = Field(8, ge=1)
 
 
+
+class TopicSettings(_Section):
+    """Topic drift (``[topics]``): prompts embedded with all-MiniLM-L6-v2 (the ``models``
+    extra), grouped in topics per engine, and a window whose topic mix moved against the
+    windows before it fires the loop's ``topic_drift`` trigger."""
+
+    #: off by default: it loads torch and the embedding model into every loop worker
+    #: (about 20 s and 500 MiB once per process)
+    enabled: bool = False
+    #: prompts of each window that are embedded (the embedding cost's bound)
+    sample_per_window: int = Field(64, ge=8)
+    #: topics fitted per engine (MiniBatchKMeans), besides ``unseen``
+    n_topics: int = Field(4, ge=2)
+    #: windows pooled as the baseline a window's topic mix is compared with
+    baseline_windows: int = Field(4, ge=2)
+    #: windows after a drift during which plans weight the newest windows
+    weight_windows: int = Field(6, ge=1)
+
+
 class TenantSettings(_Section):
     """A tenant's SLA weight and share of the warm-up budget."""
 

@@ -62,6 +62,7 @@ def test_every_field_of_every_settings_section_is_documented():
         settings_module.TenantSettings, settings_module.SourceSettings,
         settings_module.KvEventSourceSettings, settings_module.LoopSettings,
         settings_module.GatewaySettings,
+        settings_module.TopicSettings,
     )  # fmt: skip
     for section in sections:
         for field in section.model_fields:
