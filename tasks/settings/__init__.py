@@ -359,6 +359,7 @@ __all__ = [
     "SourceSettings",
     "TemplateRepoSettings",
     "TenantSettings",
+    "TopicSettings",
     "current_settings",
     "litellm_log_path",
     "load_settings",

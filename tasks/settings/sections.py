@@ -161,7 +161,6 @@ class LoopSettings(_Section):
     keep_plans: int = Field(8, ge=1)
 
 
-
 class TopicSettings(_Section):
     """Topic drift (``[topics]``): prompts embedded with all-MiniLM-L6-v2 (the ``models``
     extra), grouped in topics per engine, and a window whose topic mix moved against the
