@@ -40,6 +40,7 @@ def test_the_drift_trigger_stays_quiet_while_the_topic_holds(store_url):
     assert run.fired == [] and run.drift_notes == 0, run
 
 
+@pytest.mark.slow  # a LightGBM selection at two ticks: minutes on a loaded 2-core machine
 @pytest.mark.timeout(900)
 def test_a_drift_refits_the_forecaster(store_url):
     """The forecaster is selected and saved at the tick with ``min_windows_for_model`` windows
