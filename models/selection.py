@@ -1,20 +1,32 @@
 """Choosing the hotness model by backtest, so the one in use never loses to a baseline.
 
-On every fit, :class:`SelectedForecaster` scores candidates — the baselines, two blends of them,
-and LightGBM with each of its objectives — by a rolling-origin backtest on the latest windows of
-the same history: every candidate learns from the windows before the backtest's origin, then
-predicts each of the following windows from the history up to the one before it (``horizon``
-windows ahead), judged with the metric the planner cares about: the captured share of the history
-oracle at the plan's budget(s) (:mod:`pipeline.evaluation`), in requests (``metric="requests"``,
-what a warm cache serves window after window) or in first uses (``metric="first_uses"``: the
-items a window uses at all, what a warm-up after a restart saves). Candidates within
-``share_tolerance`` of the best share are a tie, broken by the lowest MAE. The winner is then
-fitted on the whole history and does the predicting; its backtest table goes with it into the
-saved model's metadata (:func:`selection_metadata`), where the planner and ``prewarm status``
-read it back (:func:`load_selected`, :func:`saved_selection`).
+On every fit, :class:`SelectedForecaster` scores candidates — the baselines, blends of them, and
+LightGBM with each of its objectives — by a rolling-origin backtest (:mod:`models.backtest`):
+every history end of the backtest is an origin, each candidate (refitted every few origins)
+predicts the window after it, and the span reaches back over as much of the history as the time
+budget allows. The score is what the planner cares about, at every budget the plans use: the
+captured share of the history oracle (:mod:`pipeline.evaluation`), in requests
+(``metric="requests"``, what a warm cache serves window after window) or in first uses
+(``metric="first_uses"``: what a warm-up after a restart saves), and the MAE.
+
+The choice (:func:`choose`) generalises rather than chases the backtest's luck:
+
+1. a candidate that loses to the best baseline is never chosen: one whose share at some budget
+   is below a baseline's, or whose MAE is above a baseline's, by more than the backtest's own
+   noise — one standard error of the paired difference across origins (:func:`shortfall`);
+   when every candidate does, the one that loses by the fewest standard errors wins;
+2. of the others, the simplest (the order of :func:`candidate_models`) is kept unless a more
+   complex one is better by more than that noise (the one-standard-error rule) at some budget
+   or in MAE, and worse by more than it nowhere (:func:`beats`).
+
+The winner is then fitted on the whole history and does the predicting; the backtest table and
+the winner's margin over the best baseline go with it into the saved model's metadata
+(:func:`selection_metadata`), where the planner and ``prewarm status`` read them back
+(:func:`load_selected`, :func:`saved_selection`).
 
 With too little history for LightGBM to learn from (fewer than ``min_learning_windows`` windows
-before the origin) only the baselines and blends compete, and the report says so.
+before the first origin, or too few origins after them) only the baselines and blends compete,
+and the report says so.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from models.backtest import METRIC_COLUMNS, Backtest, plan_backtest, run_backtest
 from models.baselines import (
     EWMA,
     DailyBlend,
@@ -37,11 +50,12 @@ from models.baselines import (
     RecencyBlend,
     SeasonalNaive,
     _until,
+    baselines,
 )
 from models.features import FEATURE_NAMES, windows_per_day
 from models.persistence import ModelState, load_model, read_saved
 from pipeline.errors import BadInputError
-from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
+from pipeline.evaluation import CountMatrix
 
 #: LightGBM objectives tried on every selection.
 OBJECTIVES = ("poisson", "tweedie", "median")
@@ -49,18 +63,17 @@ OBJECTIVES = ("poisson", "tweedie", "median")
 BLEND_SHARE = 0.5
 #: The metadata key (under ``extra``) of a saved model's selection report.
 SELECTION_KEY = "selection"
-#: Backtest length cap when the window does not divide a day (one day of windows otherwise).
-MAX_BACKTEST_WINDOWS = 24
-#: A day of 10-minute windows: the longest backtest (ServeGen's daily cycle fits in it).
-MAX_DAY_WINDOWS = 144
-#: What a backtest's share counts: the column of :func:`pipeline.evaluation.summarise` per metric.
-METRICS = {
-    "requests": "share_of_history_oracle",
-    "first_uses": "first_use_share_of_history_oracle",
-}
-#: Item-windows a backtest scores at most: on Mooncake's ~180,000 blocks, 11 one-minute
-#: windows; 6 LightGBM predictions of 180,000 rows take ~2 s each on this machine.
-MAX_BACKTEST_CELLS = 2_000_000
+#: The metrics a selection may score by.
+METRICS = tuple(METRIC_COLUMNS)
+#: Standard errors a more complex candidate must be better by to be preferred.
+NOISE_SES = 1.0
+#: Seconds a selection's backtest may take: on Mooncake in 1-minute windows (~180,000 blocks)
+#: one origin block of LightGBM fits and predictions takes ~5-10 s on the shared 2 cores.
+TIME_BUDGET_S = 20.0
+#: Refit blocks the backtest's span is cut into at most (each refits every candidate).
+MAX_REFITS = 8
+#: Origins learners must be judged on to compete at all.
+MIN_LEARNING_ORIGINS = 6
 
 
 def candidate_models(
@@ -91,77 +104,99 @@ def candidate_models(
     return models
 
 
-def backtest_windows(matrix: CountMatrix, end: int, requested: int | None = None) -> int:
-    """History ends a backtest at ``end`` may score: ``requested``, else one day of windows
-    (:data:`MAX_BACKTEST_WINDOWS` when the window does not divide a day, at most
-    :data:`MAX_DAY_WINDOWS`) and at most :data:`MAX_BACKTEST_CELLS` item-windows; at least 1."""
-    if requested is not None:
-        return max(1, requested)
-    per_day = min(windows_per_day(matrix.window) or MAX_BACKTEST_WINDOWS, MAX_DAY_WINDOWS)
-    seen = max(1, len(matrix.seen_by(end)))
-    return max(1, min(per_day, MAX_BACKTEST_CELLS // seen))
+def baseline_names(backtest: Backtest) -> list[str]:
+    """The backtest's candidates that are baselines (what the winner must not lose to)."""
+    return [name for name in backtest.models if name in baselines()]
 
 
-def backtest_origin(end: int, span: int, horizon: int, min_learning: int) -> tuple[int, bool]:
-    """The backtest's first history end, and whether LightGBM can compete.
-
-    LightGBM learns from the windows up to the origin, so it competes only when half the
-    history (at most ``span`` windows) is backtest and the rest holds ``min_learning`` windows;
-    the baselines learn nothing, so without it the backtest may reach back to window 0.
-    """
-    learning_span = min(span, (end + 1) // 2)
-    origin = end - learning_span - horizon + 1
-    if origin + 1 >= min_learning:
-        return origin, True
-    return max(0, end - span - horizon + 1), False
-
-
-def choose(table: pd.DataFrame, share_tolerance: float) -> str:
-    """The winner of a backtest table: the best share, ties (within ``share_tolerance``) broken
-    by the lowest MAE, then by the table's order (the simpler candidates come first)."""
-    best = float(table["share"].max())
-    tied = table[table["share"] >= best - share_tolerance]
-    return str(tied.sort_values("mae", kind="stable").iloc[0]["model"])
+def shortfall(backtest: Backtest, model: str) -> float:
+    """How far ``model`` falls behind the best baseline, in the backtest's noise: the largest,
+    over the budgets, of its share gap to that budget's best baseline, and of its MAE excess
+    over the lowest baseline MAE, each over one standard error of the paired difference
+    (> 1: it loses to a baseline by more than noise)."""
+    worst = -np.inf
+    for name in baseline_names(backtest):
+        if name == model:
+            continue
+        gap = backtest.share(name) - backtest.share(model)
+        worst = max(worst, float(np.max(gap / _positive(backtest.share_noise(name, model)))))
+        excess = backtest.mae(model) - backtest.mae(name)
+        worst = max(worst, excess / float(_positive(backtest.mae_noise(name, model))))
+    return worst if np.isfinite(worst) else 0.0
 
 
-def backtest(
-    matrix: CountMatrix,
-    models: dict[str, HotnessModel],
-    origin: int,
-    end: int,
-    budgets: tuple[int, ...],
-    horizon: int = 1,
-    metric: str = "requests",
-) -> pd.DataFrame:
-    """Per candidate: mean share of the history oracle over ``budgets`` (in ``metric``, a key
-    of :data:`METRICS`), MAE, and seconds, fitted on windows ``0..origin`` and judged on
-    targets ``origin + horizon .. end``."""
-    config = WalkForwardConfig(
-        budget_items=budgets,
-        first_t=origin,
-        last_t=end - horizon,
-        refit_every=end + 1,  # one fit, at the origin
-        horizon=horizon,
-    )
-    started = time.perf_counter()
-    table = walk_forward(matrix, models, config).table
-    seconds = time.perf_counter() - started
-    scores = table.groupby("model", sort=False).agg(
-        share=(METRICS[metric], "mean"), mae=("mae", "first")
-    )
-    scores["share"] = scores["share"].fillna(0.0)
-    scores = scores.reset_index()
-    scores["kind"] = [models[name].name for name in scores["model"]]
-    scores.attrs["seconds"] = seconds
-    return scores
+def _positive(noise: Any) -> Any:
+    """Noise as a divisor: at least a hair above zero (two identical candidates have none)."""
+    return np.maximum(noise, 1e-12)
+
+
+def beats(backtest: Backtest, challenger: str, incumbent: str) -> bool:
+    """Whether ``challenger`` is better than ``incumbent`` by more than the noise (at some
+    budget or in MAE) and worse by more than it nowhere."""
+    share_gain = backtest.share(challenger) - backtest.share(incumbent)
+    share_noise = NOISE_SES * backtest.share_noise(challenger, incumbent)
+    mae_gain = backtest.mae(incumbent) - backtest.mae(challenger)
+    mae_noise = NOISE_SES * backtest.mae_noise(challenger, incumbent)
+    if np.any(share_gain < -share_noise) or mae_gain < -mae_noise:
+        return False
+    return bool(np.any(share_gain > share_noise) or mae_gain > mae_noise)
+
+
+def choose(backtest: Backtest) -> str:
+    """The winner of a backtest (see the module docstring): among the candidates that do not
+    lose to the best baseline, the simplest one no more complex one beats by more than noise."""
+    shortfalls = {name: shortfall(backtest, name) for name in backtest.models}
+    eligible = [name for name, s in shortfalls.items() if s <= NOISE_SES]
+    if not eligible:  # nothing holds: the nearest to the best baseline
+        eligible = [min(shortfalls, key=shortfalls.__getitem__)]
+    winner = eligible[0]
+    for challenger in eligible[1:]:
+        if beats(backtest, challenger, winner):
+            winner = challenger
+    return winner
+
+
+def backtest_table(backtest: Backtest, kinds: dict[str, str]) -> pd.DataFrame:
+    """One row per candidate: mean share over the budgets, the share at each budget
+    (``share <budget>``), MAE, and its shortfall against the baselines in standard errors."""
+    rows = []
+    for name in backtest.models:
+        shares = backtest.share(name)
+        rows.append({"model": name, "kind": kinds[name], "share": float(shares.mean()),
+                     "mae": backtest.mae(name), "shortfall": shortfall(backtest, name),
+                     **{f"share {b}": float(v) for b, v in zip(backtest.budgets, shares,
+                                                               strict=True)}})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def margin(backtest: Backtest, winner: str) -> dict[str, Any]:
+    """The winner against the best baseline (other than itself, when it is one): per budget its
+    share lead in points and that lead's noise (one standard error), and its MAE ratio and that
+    ratio's noise."""
+    names = [name for name in baseline_names(backtest) if name != winner] or [winner]
+    per_budget = {}
+    for i, budget in enumerate(backtest.budgets):
+        best = max(names, key=lambda name: backtest.share(name)[i])
+        lead = backtest.share(winner)[i] - backtest.share(best)[i]
+        noise = backtest.share_noise(winner, best)[i] if winner != best else 0.0
+        per_budget[budget] = {"baseline": best, "points": 100 * float(lead),
+                              "noise_points": _finite(100 * float(noise))}  # fmt: skip
+    best_mae = min(names, key=backtest.mae)
+    scale = max(backtest.mae(best_mae), 1e-12)
+    mae_noise = backtest.mae_noise(winner, best_mae) if winner != best_mae else 0.0
+    return {"share": per_budget, "mae_baseline": best_mae,
+            "mae_ratio": backtest.mae(winner) / scale,
+            "mae_ratio_noise": _finite(mae_noise / scale),
+            "origins": len(backtest.origins)}  # fmt: skip
 
 
 class SelectedForecaster(HotnessModel):
     """The backtest winner among :func:`candidate_models`; see the module docstring.
 
-    ``budgets``: the plan's item budget(s) the share is measured at; ``backtest`` the history
-    ends scored (default: :func:`backtest_windows`); ``horizon`` the window ahead predicted;
-    ``metric`` what the share counts (a key of :data:`METRICS`).
+    ``budgets`` (items) and ``budget_tokens`` (tokens): the plans' budgets the share is
+    measured at; ``backtest`` caps the origins scored (default: as many as ``time_budget_s``
+    allows); ``horizon`` the window ahead predicted; ``metric`` what the share counts (one of
+    :data:`METRICS`).
     """
 
     name = "selected"
@@ -171,44 +206,50 @@ class SelectedForecaster(HotnessModel):
         budgets: tuple[int, ...] = (100,),
         backtest: int | None = None,
         horizon: int = 1,
-        share_tolerance: float = 0.005,
         min_learning_windows: int = 12,
         learning: bool = True,
         metric: str = "requests",
+        budget_tokens: tuple[int, ...] = (),
+        time_budget_s: float = TIME_BUDGET_S,
     ) -> None:
         if metric not in METRICS:
             raise BadInputError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
                                 where="selection metric")  # fmt: skip
         self.metric = metric
         self.budgets = budgets
+        self.budget_tokens = budget_tokens
         self.backtest = backtest
         self.horizon = horizon
-        self.share_tolerance = share_tolerance
         self.min_learning_windows = min_learning_windows
         self.learning = learning
+        self.time_budget_s = time_budget_s
 
     def fit(self, matrix: CountMatrix, until: int | None = None) -> SelectedForecaster:
-        """Backtest the candidates on the latest windows up to ``until``, keep the winner
-        fitted on all of them; returns ``self``."""
+        """Backtest the candidates on as many origins up to ``until`` as the time budget
+        allows, keep the winner fitted on all of them; returns ``self``."""
         started = time.perf_counter()
         end = _until(matrix, until)
-        span = backtest_windows(matrix, end, self.backtest)
         needed = self.min_learning_windows if self.learning else end + 2
-        origin, learning = backtest_origin(end, span, self.horizon, needed)
-        if origin > end - self.horizon:
+        plan = plan_backtest(end, self.horizon, needed, MAX_REFITS, MIN_LEARNING_ORIGINS,
+                             self.backtest)  # fmt: skip
+        if plan is None:
             raise BadInputError(
                 f"{end + 1} windows are too few to backtest {self.horizon} window(s) ahead",
                 where="counts",
             )
         period = windows_per_day(matrix.window)
-        daily = period is not None and origin + self.horizon > period
-        models = candidate_models(learning, self.horizon, daily)
-        self.table_ = backtest(matrix, models, origin, end, tuple(self.budgets), self.horizon,
-                               self.metric)  # fmt: skip
-        self.winner_name_ = choose(self.table_, self.share_tolerance)
+        daily = period is not None and plan.first_t + self.horizon > period
+        models = candidate_models(plan.learning, self.horizon, daily)
+        scored = run_backtest(matrix, models, plan, tuple(self.budgets),
+                              tuple(self.budget_tokens), self.horizon, self.metric,
+                              self.time_budget_s)  # fmt: skip
+        self.winner_name_ = choose(scored)
+        self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
+        self.margin_ = margin(scored, self.winner_name_)
         self.winner_ = models[self.winner_name_].fit(matrix, end)
-        self.note_ = _note(learning, self.learning, end + 1, self.min_learning_windows)
-        self.backtest_span_ = (matrix.window_start(origin), matrix.window_start(end))
+        self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows)
+        first = int(scored.origins[0])
+        self.backtest_span_ = (matrix.window_start(first), matrix.window_start(end))
         self.seconds_ = time.perf_counter() - started
         self.window_ = matrix.window
         self.trained_until_ = matrix.window_start(end)
@@ -220,19 +261,21 @@ class SelectedForecaster(HotnessModel):
         return self.winner_._predict(matrix, t, items, horizon)
 
     def report(self) -> dict[str, Any]:
-        """The selection as JSON values: winner, its kind, the backtest table and its span."""
+        """The selection as JSON values: winner, its kind, margin, the backtest table and span."""
         self._check_fitted()
         return {
             "winner": self.winner_name_,
             "kind": self.winner_.name,
             "budgets": list(self.budgets),
+            "budget_tokens": list(self.budget_tokens),
             "metric": self.metric,
             "horizon": self.horizon,
             "backtest_from": self.backtest_span_[0].isoformat(),
             "backtest_until": self.backtest_span_[1].isoformat(),
             "note": self.note_,
             "seconds": round(self.seconds_, 3),
-            "table": [_row(r) for r in self.table_.itertuples()],
+            "margin": self.margin_,
+            "table": [_row(r) for r in self.table_.to_dict(orient="records")],
         }
 
     def feature_names(self) -> list[str]:
@@ -248,9 +291,13 @@ class SelectedForecaster(HotnessModel):
         )
 
 
-def _row(row: Any) -> dict[str, Any]:
-    return {"model": str(row.model), "kind": str(row.kind), "share": float(row.share),
-            "mae": float(row.mae)}  # fmt: skip
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: value if isinstance(value, str) else _finite(value) for key, value in row.items()}
+
+
+def _finite(value: float) -> float | None:
+    """A JSON number (``None`` for an infinite or missing one: one origin has no noise)."""
+    return float(value) if np.isfinite(value) else None
 
 
 def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
@@ -260,7 +307,7 @@ def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
         return "baselines and blends only (LightGBM not asked for)"
     return (
         f"baselines and blends only: {history} window(s) of history, too few for LightGBM "
-        f"(it needs {needed} before a backtest of the latest half)"
+        f"(it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
     )
 
 

@@ -84,7 +84,9 @@ def train_on_counts(
     started = time.monotonic()
     settings = current_settings()
     items = budget or settings.budget.max_items
-    selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric)
+    tokens = settings.budget.max_tokens
+    selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric,
+                                  budget_tokens=(tokens,) if tokens else ())  # fmt: skip
     selected.fit(CountMatrix.from_counts(counts, kind=kind))
     extra = {"source": source, "kind": kind, **selection_metadata(selected)}
     folder = save_model(selected.winner_, root, name, extra=extra)

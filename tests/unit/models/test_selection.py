@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from models.backtest import Backtest
 from models.baselines import baselines
 from models.features import FEATURE_NAMES, features_at
 from models.persistence import save_model
@@ -15,6 +18,7 @@ from models.selection import (
     load_selected,
     saved_selection,
     selection_metadata,
+    shortfall,
 )
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
@@ -60,7 +64,8 @@ def test_few_windows_compete_with_baselines_only_and_say_so():
 def test_a_long_history_lets_lightgbm_compete(moving):
     selected = SelectedForecaster((3,)).fit(moving)
     assert {"lightgbm_poisson", "lightgbm_median"} <= set(selected.table_["model"])
-    assert selected.winner_name_ == choose(selected.table_, selected.share_tolerance)
+    assert selected.winner_name_ in set(selected.table_["model"])
+    assert selected.report()["margin"]["origins"] >= 6
 
 
 def test_the_backtest_scores_first_uses_when_asked_and_says_so(moving):
@@ -124,12 +129,61 @@ def test_a_saved_blend_loads_and_predicts_the_same(tmp_path, moving):
     )
 
 
-def test_a_share_tie_goes_to_the_lower_mae_and_a_clear_lead_wins():
-    table = pd.DataFrame(
-        {"model": ["a", "b", "c"], "share": [0.80, 0.797, 0.70], "mae": [2.0, 1.5, 0.1]}
-    )
-    assert choose(table, share_tolerance=0.005) == "b"
-    assert choose(table, share_tolerance=0.001) == "a"
+def _backtest(
+    captured: dict[str, list[list[float]]], abs_error: dict[str, list[float]]
+) -> Backtest:
+    """A backtest of named candidates: ``captured[model][budget]`` per origin, out of 10 a
+    budget per origin; ``abs_error[model]`` per origin over 10 items."""
+    models = tuple(captured)
+    grid = np.array([captured[m] for m in models], dtype=float)
+    n_budgets, n_origins = grid.shape[1:]
+    return Backtest(
+        models=models, budgets=tuple(f"{k} items" for k in range(n_budgets)),
+        origins=np.arange(n_origins), captured=grid, oracle=np.full((n_budgets, n_origins), 10.0),
+        abs_error=np.array([abs_error[m] for m in models], dtype=float),
+        n_scored=np.full(n_origins, 10.0), seconds=0.0,
+    )  # fmt: skip
+
+
+STEADY = [1.0, 1.0, 1.0, 1.0]
+
+
+def test_a_lead_within_the_noise_goes_to_the_simpler_candidate_and_a_clear_one_wins():
+    noisy = [[8, 6, 9, 5], [8, 6, 9, 5]]
+    lucky = [[10, 5, 9, 6], [10, 5, 9, 6]]  # +0.5 a window on average, SE 0.65: noise
+    clear = [[9, 7, 10, 6], [9, 7, 10, 6]]  # +1 at every origin: no spread at all
+    errors = {"ewma": STEADY, "lightgbm_poisson": STEADY}
+    within = _backtest({"ewma": noisy, "lightgbm_poisson": lucky}, errors)
+    assert choose(within) == "ewma"
+    beyond = _backtest({"ewma": noisy, "lightgbm_poisson": clear}, errors)
+    assert choose(beyond) == "lightgbm_poisson"
+
+
+def test_a_candidate_that_loses_to_a_baseline_at_one_budget_is_never_chosen():
+    base = [[5, 5, 5, 5], [8, 8, 8, 8]]
+    lopsided = [[9, 9, 9, 9], [6, 6, 6, 6]]  # far ahead at the small budget, behind at the big
+    table = _backtest({"last_window": base, "lightgbm_poisson": lopsided},
+                      {"last_window": STEADY, "lightgbm_poisson": STEADY})  # fmt: skip
+    assert shortfall(table, "lightgbm_poisson") > 1
+    assert choose(table) == "last_window"
+    errors = {"last_window": STEADY, "lightgbm_poisson": [1.5, 1.4, 1.6, 1.5]}
+    worse_mae = _backtest({"last_window": base, "lightgbm_poisson": [[6] * 4, [8] * 4]}, errors)
+    assert choose(worse_mae) == "last_window"
+
+
+def test_the_backtest_reaches_back_as_far_as_the_time_budget_allows(moving):
+    from models.backtest import plan_backtest, run_backtest
+
+    plan = plan_backtest(moving.n_windows - 1, 1, 12, 8, 6)
+    assert plan is not None and plan.learning and len(plan.blocks()) == 8
+    ticks = itertools.chain([0], itertools.count())  # a second later at every block: 1 s each
+    models = dict(baselines())
+    scored = run_backtest(moving, models, plan, (3,), time_budget_s=3.5,
+                          clock=lambda: float(next(ticks)))  # fmt: skip
+    latest = plan.blocks()[:3]  # 3 blocks fit in 3.5 s, the fourth would not
+    assert scored.origins[0] == latest[-1][0] and scored.origins[-1] == plan.last_t
+    everything = run_backtest(moving, models, plan, (3,))
+    assert everything.origins[0] == plan.first_t
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
