@@ -11,10 +11,12 @@ trace and of one selection (training plus selection: the "under a minute" check)
 gets the forecaster with the ``median`` objective, the L1-optimal forecast.
 
 ``selected`` is what the loop uses: on every refit, :class:`models.selection.SelectedForecaster`
-backtests its candidates on the latest windows *before* the refit and keeps the winner, so it
-is judged on later windows it never chose on. The closing **done-when table** puts it next to
-the best baseline of each case and budget: its share of the history oracle must be at least the
-best baseline's minus one point, its MAE at most the best baseline's plus 2%. (The Azure traces
+backtests its candidates rolling-origin on the windows *before* the refit (as many as its time
+budget allows) and keeps the winner, so it is judged on later windows it never chose on; the
+last refit's backtest table and the winner's margin are printed after each case. The closing
+**done-when table** puts it next to the best baseline of each case and budget: its share of the
+history oracle must be at least the best baseline's minus one point, its MAE at most the best
+baseline's plus 2%. (The Azure traces
 carry no items — no prefixes, prompts or tenants, only arrival times and token counts — so
 there is nothing per item to forecast in them, and no case here.)
 
@@ -46,7 +48,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.cmd_evaluate import WinnerLog, print_table, standard_models
+from jobs.cmd_evaluate import WinnerLog, print_backtest, print_table, standard_models
 from models.baselines import baselines
 from models.forecaster import HotnessForecaster
 from models.selection import SelectedForecaster
@@ -132,6 +134,9 @@ def run_case(
     selected = models["selected"]
     assert isinstance(selected, WinnerLog)
     console.print(selected.summary())
+    report = selected.last_report()
+    if report is not None:
+        print_backtest(console, report)
     fit_s = fit_seconds(matrix, HotnessForecaster())
     select_s = fit_seconds(matrix, SelectedForecaster(budgets))
     console.print(
@@ -143,6 +148,7 @@ def run_case(
     return {"case": case, "items": matrix.n_items, "windows": matrix.n_windows,
             "walk_forward_s": seconds, "fit_s": fit_s, "selection_s": select_s,
             "winners": [name for _, name in selected.winners], "peeking_ceiling": ceiling,
+            "last_selection": report,
             "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
 
 

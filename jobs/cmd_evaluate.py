@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import pandas as pd
@@ -105,6 +105,10 @@ class WinnerLog:
     ) -> np.ndarray:
         return self.selected.predict_at(matrix, t, items, horizon)
 
+    def last_report(self) -> dict[str, Any] | None:
+        """The last refit's selection report (backtest table and margin), if any."""
+        return self.selected.report() if self.winners else None
+
     def summary(self) -> str:
         """``winner xN, ...`` over the refits, and the last refit's note."""
         counts = Counter(name for _, name in self.winners)
@@ -136,7 +140,44 @@ def evaluate_counts(
     evaluation = walk_forward(matrix, models, config)
     selected = models["selected"]
     notes = (selected.summary(),) if isinstance(selected, WinnerLog) else ()
-    return matrix, replace(evaluation, notes=notes)
+    report = selected.last_report() if isinstance(selected, WinnerLog) else None
+    return matrix, replace(evaluation, notes=notes, selection=report)
+
+
+def print_backtest(console: Console, report: dict[str, Any]) -> None:
+    """The backtest table the last selection chose from, and the winner's margin."""
+    rows = report["table"]
+    budgets = [key for key in rows[0] if key.startswith("share ")] if rows else []
+    span = f"{report['backtest_from']} .. {report['backtest_until']}"
+    origins = report["margin"]["origins"]
+    out = Table(title=f"backtest {span}: {origins} origins, winner {report['winner']}")
+    for column in ("model", *budgets, "MAE", "loses by (SE)"):
+        out.add_column(column, justify="left" if column == "model" else "right")
+    for row in rows:
+        shortfall = row["shortfall"]
+        out.add_row(str(row["model"]), *(f"{row[b]:.1%}" for b in budgets), f"{row['mae']:,.4g}",
+                    "-" if shortfall is None else f"{shortfall:+.2f}")  # fmt: skip
+    console.print(out)
+    console.print(margin_line(report))
+
+
+def margin_line(report: dict[str, Any]) -> str:
+    """``margin of WINNER over the best baseline: ...`` in points of the history oracle (one
+    standard error in brackets) per budget, and the MAE ratio."""
+    margin = report["margin"]
+    parts = [
+        f"{budget} {m['points']:+.2f} pts vs {m['baseline']} (SE {_noise(m['noise_points'])})"
+        for budget, m in margin["share"].items()
+    ]
+    ratio = f"MAE x{margin['mae_ratio']:.3f} vs {margin['mae_baseline']}"
+    noise = f" (SE {_noise(margin['mae_ratio_noise'], 3)})"
+    return f"margin of {report['winner']} over the best baseline: " + "; ".join(
+        [*parts, ratio + noise]
+    )
+
+
+def _noise(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def print_table(console: Console, title: str, table: pd.DataFrame) -> None:
@@ -212,6 +253,7 @@ def evaluate(
     if as_json:
         payload = {"path": str(path), "window": window, "items": matrix.n_items,
                    "windows": matrix.n_windows, "notes": list(evaluation.notes),
+                   "selection": evaluation.selection,
                    "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
         typer.echo(json.dumps(payload, default=str))
         return
@@ -220,6 +262,8 @@ def evaluate(
     print_table(console, title, evaluation.table)
     for note in evaluation.notes:
         console.print(note)
+    if evaluation.selection is not None:
+        print_backtest(console, evaluation.selection)
 
 
 def register(app: typer.Typer) -> None:

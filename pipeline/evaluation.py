@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -203,12 +203,14 @@ class WalkForwardConfig:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A walk-forward result: ``table`` per model, ``steps`` per model and step, and ``notes``
-    (e.g. which model the backtest selected)."""
+    """A walk-forward result: ``table`` per model, ``steps`` per model and step, ``notes``
+    (e.g. which model the backtest selected) and ``selection``, the last selection's report
+    (its backtest table and margin) when a selected model ran."""
 
     table: pd.DataFrame
     steps: pd.DataFrame
     notes: tuple[str, ...] = ()
+    selection: dict[str, Any] | None = None
 
 
 def walk_forward(

@@ -45,6 +45,10 @@ def test_evaluate_prints_every_model_and_budget_as_json_and_plots(mooncake_slice
         "selected",
     }  # fmt: skip
     assert payload["notes"] and payload["notes"][0].startswith("selected by backtest at each of")
+    selection = payload["selection"]  # the table the last refit chose from, and the margin
+    assert selection["winner"] in {row["model"] for row in selection["table"]}
+    assert {"share 10 items", "share 50 items", "mae", "shortfall"} <= set(selection["table"][0])
+    assert set(selection["margin"]["share"]) == {"10 items", "50 items"}
     assert (table["captured_share"] <= table["history_oracle_share"] + 1e-12).all()
     assert (table["history_oracle_share"] <= table["oracle_share"] + 1e-12).all()
     assert (table["mae"] >= 0).all()
@@ -72,6 +76,7 @@ def test_evaluate_reads_an_ingest_folder_and_prints_a_table(tmp_path, capsys):
     assert code == 0, err
     assert "lightgbm" in out and "of history oracle" in out
     assert "selected by backtest at each of" in out
+    assert "origins, winner" in out and "margin of" in out and "over the best baseline" in out
     assert "6 items x 144 windows of 20min" in out
 
 
