@@ -151,7 +151,7 @@ def print_backtest(console: Console, report: dict[str, Any]) -> None:
     span = f"{report['backtest_from']} .. {report['backtest_until']}"
     origins = report["margin"]["origins"]
     out = Table(title=f"backtest {span}: {origins} origins, winner {report['winner']}")
-    for column in ("model", *budgets, "MAE", "loses by (SE)"):
+    for column in ("model", *budgets, "MAE", "behind (tol.)"):
         out.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
         shortfall = row["shortfall"]
