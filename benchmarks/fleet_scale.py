@@ -35,11 +35,8 @@ from typing import Any
 import httpx
 import redis
 
+from benchmarks.stack import in_process_submitter as in_process
 from jobs.embedded import free_port
-from pipeline.planner.plan import WarmPlan
-from tasks.adapters.plan_store import PlanStore
-from tasks.adapters.targets.base import WarmOptions
-from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import look_at_fleets
 from tasks.services.loop import WarmLoop
 from tasks.settings import ScheduleSettings, Settings
@@ -99,19 +96,6 @@ def traffic(router: str, requests: int, templates: int, tick: int) -> None:
                         {"role": "user", "content": f"Tick {tick}, question {n}?"}]  # fmt: skip
             body = {"model": "sim-llm", "messages": messages, "max_tokens": 1}
             client.post("/v1/chat/completions", json=body).raise_for_status()
-
-
-def in_process(store: redis.Redis, settings: Settings):
-    def submit(plan: WarmPlan, engine: str) -> str:
-        plans = PlanStore(store)
-        batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size, ordered=True))
-        runner = BatchRunner(store, settings)
-        for batch in range(batches):
-            runner.run(plan.plan_id, batch)
-        plans.mark_finished(plan.plan_id)
-        return plan.plan_id
-
-    return submit
 
 
 def measure(size: int, args: argparse.Namespace, store_url: str) -> dict[str, Any]:

@@ -88,3 +88,22 @@ def timed_plan(plan: Any, settings: Any, queue: str, worker: Any) -> tuple[float
     if report["items_ok"] != n:
         raise SystemExit(f"plan {plan_id}: {report}")
     return n / elapsed, n / max(cpu, 1e-6)
+
+
+def in_process_submitter(store: Any, settings: Any, ordered: bool = True) -> Any:
+    """A plan submitter for the loop (``WarmLoop(submit=...)``) that runs every batch of the plan
+    here, through the real batch runner and WAL, instead of on a worker."""
+    from tasks.adapters.plan_store import PlanStore
+    from tasks.adapters.targets.base import WarmOptions
+    from tasks.services.batch_runner import BatchRunner
+
+    def submit(plan: Any, engine: str) -> str:
+        plans = PlanStore(store)
+        batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size, ordered=ordered))
+        runner = BatchRunner(store, settings)
+        for batch in range(batches):
+            runner.run(plan.plan_id, batch)
+        plans.mark_finished(plan.plan_id)
+        return str(plan.plan_id)
+
+    return submit

@@ -37,16 +37,14 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.stack import in_process_submitter as in_process  # noqa: E402
 from benchmarks.topic_workload import TOPICS, TopicWorkload, head_text  # noqa: E402
 from jobs.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
 from models.forecaster import SAVED_NAME  # noqa: E402
 from models.persistence import list_versions  # noqa: E402
-from pipeline.planner.plan import WarmPlan  # noqa: E402
 from pipeline.prefix_blocks import count_tokens  # noqa: E402
 from tasks.adapters.observations import models_root  # noqa: E402
 from tasks.adapters.plan_store import PlanStore  # noqa: E402
-from tasks.adapters.targets.base import WarmOptions  # noqa: E402
-from tasks.services.batch_runner import BatchRunner  # noqa: E402
 from tasks.services.loop import WarmLoop  # noqa: E402
 from tasks.settings import (  # noqa: E402
     EngineSettings,
@@ -100,21 +98,6 @@ def settings_for(url: str, trace: Path, data: Path, store_url: str, topics: bool
         loop=LoopSettings(min_windows_for_model=min_windows),
         topics=TopicSettings(enabled=topics),
     )  # fmt: skip
-
-
-def in_process(store: redis.Redis, settings: Settings):
-    """A submitter that runs every batch of the plan here, through the real WAL."""
-
-    def submit(plan: WarmPlan, engine: str) -> str:
-        plans = PlanStore(store)
-        batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size, ordered=True))
-        runner = BatchRunner(store, settings)
-        for batch in range(batches):
-            runner.run(plan.plan_id, batch)
-        plans.mark_finished(plan.plan_id)
-        return plan.plan_id
-
-    return submit
 
 
 def serve_window(

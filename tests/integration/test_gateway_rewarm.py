@@ -23,15 +23,12 @@ import jinja2
 import pytest
 
 from benchmarks.rewarm_stack import post_github_push
+from benchmarks.stack import in_process_submitter
 from jobs.embedded import WorkerProcess, serve_app
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from jobs.webhooks import webhook_app
-from pipeline.planner.plan import WarmPlan
-from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import store_client
-from tasks.adapters.targets.base import WarmOptions
 from tasks.repo_tasks import queue_repo_changed
-from tasks.services.batch_runner import BatchRunner
 from tasks.services.loop import WarmLoop
 from tasks.settings import load_settings
 from tests.conftest import worker_env
@@ -65,17 +62,8 @@ def translate_requests() -> list[dict]:
 
 
 def in_process(store, settings):
-    """The loop's submitter running every batch here, through the real WAL."""
-
-    def submit(plan: WarmPlan, engine: str) -> str:
-        plans = PlanStore(store)
-        batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size))
-        for batch in range(batches):
-            BatchRunner(store, settings).run(plan.plan_id, batch)
-        plans.mark_finished(plan.plan_id)
-        return plan.plan_id
-
-    return submit
+    """The loop's submitter running every batch here, through the real WAL (unordered)."""
+    return in_process_submitter(store, settings, ordered=False)
 
 
 def wait_txn(store, sha: str, timeout_s: float = 120.0) -> dict:

@@ -20,19 +20,17 @@ import pandas as pd
 import pytest
 import redis
 
+from benchmarks.stack import in_process_submitter as in_process
 from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_paths
-from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import REASONS
 from pipeline.windows import COUNT_DTYPES
 from tasks.adapters import telemetry
 from tasks.adapters.observations import Observations
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.sources import SourceStates, read_new
-from tasks.adapters.targets.base import WarmOptions
 from tasks.services import planning
-from tasks.services.batch_runner import BatchRunner
 from tasks.services.loop import WarmLoop
 from tasks.services.status import loop_status
 from tasks.settings import (
@@ -64,21 +62,6 @@ def settings_for(url: str, log: Path, data_dir: Path, broker: str, store: str, *
         sources=(SourceSettings(engine="sim", kind="vllm-log", path=str(log)),),
         schedule=ScheduleSettings(window_s=kw.pop("window_s", 60)), **kw,
     )  # fmt: skip
-
-
-def in_process(store, settings: Settings):
-    """A submitter that runs every batch of the plan here, through the real WAL."""
-
-    def submit(plan: WarmPlan, engine: str) -> str:
-        plans = PlanStore(store)
-        batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size, ordered=True))
-        runner = BatchRunner(store, settings)
-        for batch in range(batches):
-            runner.run(plan.plan_id, batch)
-        plans.mark_finished(plan.plan_id)
-        return plan.plan_id
-
-    return submit
 
 
 def send(url: str, head: str, question: str, chat: bool) -> tuple[int, int]:
