@@ -45,6 +45,11 @@ BINARY = st.binary(max_size=60).map(lambda b: b"\xff" + b.replace(b"\n", b"").re
 #: garbage no multi-line message can hold
 ALWAYS = st.one_of(BINARY, st.just(b"o" * (CAP + 100)))
 ANYWHERE = st.one_of(ALWAYS, st.just(b""), st.just(b"\r"), st.just(PANIC), st.just(b"note: x"))
+#: garbage in a request log read by the trace readers, where a blank line is neither a record nor
+#: a reject (as in every trace format): the rest of ``ANYWHERE``
+IN_TRACES = st.one_of(ALWAYS, st.just(PANIC), st.just(b"note: x"))
+#: the example files read by the trace readers (LiteLLM's request log, prewarm's callback)
+TRACE_FILES = ("litellm-",)
 #: the messages TGI prints raw, over several lines (``tgi._MULTILINE``): a prompt, a generated
 #: text, a Python exception's text
 MULTILINE = re.compile(
@@ -84,9 +89,10 @@ def garbled(draw: st.DrawFn) -> tuple[Path, bytes, int]:
     lines = _lines(path)
     cuts = [line for line in lines if _cuttable(path, line)]
     inside = _inside_message(path, lines)
+    trace = path.name.startswith(TRACE_FILES)
     out, count = [], 0
     for gap in range(len(lines) + 1):
-        kinds = ALWAYS if inside[gap] else ANYWHERE
+        kinds = ALWAYS if inside[gap] else IN_TRACES if trace else ANYWHERE
         if cuts and not inside[gap]:
             cut = st.tuples(st.sampled_from(cuts), st.floats(0.01, 0.99))
             kinds = st.one_of(kinds, cut.map(lambda t: t[0][: max(1, int(len(t[0]) * t[1]))]))
