@@ -43,6 +43,7 @@ from tasks.settings.sections import (
 from tasks.settings.values import ZMQ_SCHEMES, zmq_endpoint
 from tasks.settings.values import Section as _Section
 from tasks.settings.values import no_control_characters as _no_control_characters
+from tasks.settings.values import redis_url as _redis_url
 
 ENV_PREFIX = "PREWARM_"
 
@@ -86,12 +87,7 @@ class Settings(_Section):
     @field_validator("redis_url", "store_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        _no_control_characters(value)
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return value
+        return _redis_url(value)
 
     @model_validator(mode="after")
     def _visibility_outlasts_leases(self) -> Settings:

@@ -10,6 +10,7 @@ from pydantic import Discriminator, Field, SecretStr, Tag, field_validator
 from tasks.settings.values import Section as _Section
 from tasks.settings.values import http_url as _http_url
 from tasks.settings.values import no_control_characters as _no_control_characters
+from tasks.settings.values import redis_url as _redis_url
 from tasks.settings.values import zmq_endpoint
 
 
@@ -218,10 +219,5 @@ class GatewaySettings(_Section):
 
     @field_validator("cache_url")
     @classmethod
-    def _redis_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        _no_control_characters(value)
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return value
+    def _cache_redis_url(cls, value: str | None) -> str | None:
+        return _redis_url(value)

@@ -32,6 +32,16 @@ def http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def redis_url(value: str | None) -> str | None:
+    """A Redis URL (``redis://``, ``rediss://`` or ``unix://``), or None when not set."""
+    if value is None:
+        return None
+    no_control_characters(value)
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return value
+
+
 def zmq_endpoint(value: str) -> str:
     """``value`` if it is a ZMQ endpoint to connect to (``tcp://host:port``), else ValueError."""
     no_control_characters(value)
