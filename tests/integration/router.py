@@ -9,13 +9,29 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from jobs.embedded import free_port
+from jobs.simulator import SimulatorConfig, SimulatorServer
+
+
+@contextmanager
+def simulator_replicas(folder: Path, count: int) -> Iterator[list[SimulatorServer]]:
+    """``count`` simulator replicas, each logging to ``folder/replica<i>.log``; stopped after."""
+    servers = [
+        SimulatorServer(SimulatorConfig(log_file=folder / f"replica{i}.log")).start()
+        for i in range(count)
+    ]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def router_binary() -> str:

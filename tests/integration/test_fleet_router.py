@@ -13,25 +13,20 @@ import pytest
 from jobs.api import build_api
 from jobs.cmd_watch import Watcher
 from jobs.embedded import serve_app
-from jobs.simulator import SimulatorConfig, SimulatorServer
+from jobs.simulator import SimulatorServer
 from tasks.services.fleets import fleet_settings, look_at_fleets
 from tasks.services.status import loop_status
 from tasks.settings import Settings
 from tasks.settings.fleets import FleetSettings
-from tests.integration.router import RouterProcess
+from tests.integration.router import RouterProcess, simulator_replicas
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[list[SimulatorServer]]:
-    servers = [
-        SimulatorServer(SimulatorConfig(log_file=tmp_path / f"replica{i}.log")).start()
-        for i in range(3)
-    ]
-    yield servers
-    for server in servers:
-        server.stop()
+    with simulator_replicas(tmp_path, 3) as servers:
+        yield servers
 
 
 def _settings(router: RouterProcess, store_url: str, broker_url: str, tmp_path: Path) -> Settings:

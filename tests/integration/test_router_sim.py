@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.simulator import SimulatorConfig, SimulatorServer
+from jobs.simulator import SimulatorServer
 from pipeline.ingest import IngestOptions, ingest_paths
-from tests.integration.router import RouterProcess
+from tests.integration.router import RouterProcess, simulator_replicas
 
 pytestmark = pytest.mark.integration
 
@@ -21,13 +21,8 @@ SYSTEM = "You answer questions about the train timetable of the northern line. "
 
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[list[SimulatorServer]]:
-    servers = [
-        SimulatorServer(SimulatorConfig(log_file=tmp_path / f"replica{i}.log")).start()
-        for i in range(2)
-    ]
-    yield servers
-    for server in servers:
-        server.stop()
+    with simulator_replicas(tmp_path, 2) as servers:
+        yield servers
 
 
 def test_render_routes_answer_as_a_current_vllm(replicas):
