@@ -1,7 +1,8 @@
 """Fleets: a router and its replicas, each replica an engine of the loop.
 
 A fleet whose replicas are listed has them in its settings; one that takes them from its router
-has them as the router listed them at the last look (kept in the store, so every process sees
+(or from a DNS name with an address per replica) has them as the router listed them (or the name
+resolved) at the last look (kept in the store, so every process sees
 the same replicas). :func:`fleet_settings` gives settings with every fleet's current replicas
 as engines; :func:`look_at_fleets` asks each router for its workers (a replica that appears is
 then new to the replica watch, which warms it at once; one that goes away is dropped), and
@@ -10,6 +11,7 @@ records each fleet, replica by replica, for ``/metrics``."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -20,6 +22,7 @@ from pipeline.triggers import TriggerEvent
 from tasks.adapters import fleet_state
 from tasks.adapters.connections import redacted
 from tasks.adapters.cooldowns import cooldown_allows
+from tasks.adapters.replica_dns import Resolver, replica_urls
 from tasks.adapters.router_client import RouterClient
 from tasks.adapters.store import Store
 from tasks.adapters.telemetry import record_fleet
@@ -33,17 +36,17 @@ ROUTER_RESTARTED = "router_restarted"
 RouterFor = Callable[[FleetSettings], RouterClient]
 
 
-def _routed(settings: Settings) -> list[str]:
-    return [f.name for f in settings.fleets if f.replicas_from == "router"]
+def _discovered(settings: Settings) -> list[str]:
+    return [f.name for f in settings.fleets if f.discovered]
 
 
 def fleet_settings(settings: Settings, store: Store) -> Settings:
     """``settings`` with every fleet's current replicas as engines (those a router lists: as it
     listed them at the last look)."""
-    routed = _routed(settings)
-    if not routed:
+    discovered = _discovered(settings)
+    if not discovered:
         return settings
-    return settings.with_members(fleet_state.members(store, routed))
+    return settings.with_members(fleet_state.members(store, discovered))
 
 
 def look_at_fleets(
@@ -51,16 +54,22 @@ def look_at_fleets(
     store: Store,
     router_for: RouterFor = RouterClient,
     now: float | None = None,
+    resolve: Resolver = socket.getaddrinfo,
 ) -> tuple[Settings, list[dict[str, Any]]]:
-    """One look at every fleet's router: its worker list (for fleets that take their replicas
-    from it) is stored; returns the settings with the current replicas and what changed
-    (replicas added or removed, a router that restarted)."""
+    """One look at every fleet's router (and, for a fleet found by DNS, at its name): the
+    current replicas of a fleet that does not list them are stored; returns the settings with
+    the current replicas and what changed (replicas added or removed, a router that
+    restarted)."""
     now = time.time() if now is None else now
     before = fleet_settings(settings, store)
     seen: dict[str, dict[str, Any]] = {}
     for fleet in settings.fleets:
         with router_for(fleet) as router:
             seen[fleet.name] = _look_at_router(store, fleet, router, now)
+        if fleet.replicas_from == "dns":
+            # (a name that does not resolve keeps the last look's replicas until it does)
+            with contextlib.suppress(EngineUnavailableError):
+                fleet_state.save_members(store, fleet.name, replica_urls(fleet, resolve))
     after = fleet_settings(settings, store)
     changes = [
         {"fleet": f.name, **seen[f.name], **_record(store, f, before, after, seen[f.name])}

@@ -154,7 +154,7 @@ class Settings(_Section):
         sources = [s for s in self.sources if s.fleet is None]
         taken = {e.name for e in engines}
         for n, fleet in enumerate(self.fleets):
-            urls = members.get(fleet.name, ()) if fleet.replicas_from == "router" else None
+            urls = members.get(fleet.name, ()) if fleet.discovered else None
             made, own = replica_entries(fleet, urls)
             for entry in made:
                 if entry["name"] in taken:

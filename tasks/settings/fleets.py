@@ -76,8 +76,13 @@ class FleetSettings(Section):
     model: str
     #: the engine kind of every replica
     replica_kind: Literal["vllm", "simulator"] = "vllm"
-    #: ``list``: the ``[[fleets.replicas]]`` below; ``router``: the router's worker list
-    replicas_from: Literal["list", "router"] = "list"
+    #: ``list``: the ``[[fleets.replicas]]`` below; ``router``: the router's worker list;
+    #: ``dns``: every address ``replicas_dns`` resolves to (a Kubernetes headless Service)
+    replicas_from: Literal["list", "router", "dns"] = "list"
+    #: ``host:port`` of a DNS name with one address per replica (``replicas_from = "dns"``)
+    replicas_dns: str | None = None
+    #: the scheme of the replica URLs made from those addresses
+    replica_scheme: Literal["http", "https"] = "http"
     replicas: tuple[ReplicaSettings, ...] = ()
     #: templates of each replica's log path and KV-event endpoints ({host}, {port}, {name})
     log: str | None = None
@@ -97,6 +102,18 @@ class FleetSettings(Section):
     def _router_http(cls, value: str | None) -> str | None:
         return None if value is None else http_url(value)
 
+    @field_validator("replicas_dns")
+    @classmethod
+    def _dns_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            dns_address(value)
+        return value
+
+    @property
+    def discovered(self) -> bool:
+        """Whether the replicas are found at each look (the router's list, DNS), not listed."""
+        return self.replicas_from != "list"
+
     @field_validator("log", "kv_events", "kv_replay")
     @classmethod
     def _template(cls, value: str | None) -> str | None:
@@ -109,14 +126,29 @@ class FleetSettings(Section):
     @model_validator(mode="after")
     def _replicas_as_told(self) -> FleetSettings:
         if self.replicas_from == "list" and not self.replicas:
-            raise ValueError("lists no replicas: add [[fleets.replicas]] or replicas_from = router")
-        if self.replicas_from == "router" and self.replicas:
-            raise ValueError("takes its replicas from the router: [[fleets.replicas]] is unused")
+            raise ValueError(
+                'lists no replicas: add [[fleets.replicas]], or replicas_from = "router" or "dns"'
+            )
+        if self.replicas_from != "list" and self.replicas:
+            raise ValueError(
+                f"takes its replicas from the {self.replicas_from}: [[fleets.replicas]] is unused"
+            )
+        if (self.replicas_from == "dns") != (self.replicas_dns is not None):
+            raise ValueError('replicas_dns goes with replicas_from = "dns", and only with it')
         names = [replica_name(self, r.url, r.name) for r in self.replicas]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"replica {twice[0]!r} is listed twice")
         return self
+
+
+def dns_address(value: str) -> tuple[str, int]:
+    """``host:port`` as (host, port); anything else is a ``ValueError`` saying what is wrong."""
+    no_control_characters(value)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or "/" in value or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not host:port (e.g. vllm-headless.llm.svc:8000)")
+    return host, int(port)
 
 
 def _fill(template: str, values: Mapping[str, str]) -> str:

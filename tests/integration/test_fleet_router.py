@@ -73,3 +73,25 @@ def test_replicas_follow_the_routers_worker_list(replicas, store, store_url, bro
         assert series in scrape
     assert 'prewarm_fleet_router_up{fleet="chat"} 1.0' in scrape
     assert f'prewarm_engine_up{{engine="{names[2]}"}} 1.0' in scrape
+
+
+def test_replicas_found_by_dns_follow_the_names_addresses(replicas, store, store_url, tmp_path):
+    """``localhost`` resolved by this machine's resolver: its address is the fleet's replica,
+    new to the watch and warmed at once; when the name stops resolving to it, it is dropped."""
+    port = replicas[0].port
+    with RouterProcess([replicas[0].url], "kv_aware", tmp_path / "router.log") as router:
+        fleet = FleetSettings(
+            name="k8s", router_url=router.url, policy="kv_aware", model="sim-llm",
+            replica_kind="simulator", replicas_from="dns", replicas_dns=f"localhost:{port}",
+        )  # fmt: skip
+        settings = Settings(store_url=store_url, data_dir=tmp_path, fleets=(fleet,))
+        fired: list[tuple[str, str]] = []
+        watcher = Watcher(settings, store, warm=lambda e, k: fired.append((e, k)) or {})
+        watcher.poll()
+        name = f"k8s-127.0.0.1-{port}"
+        assert [e.url for e in watcher.settings.replicas_of("k8s")] == [replicas[0].url]
+        assert fired == [(name, "replica_ready")]
+        moved = [(0, 0, 0, "", ("127.0.0.2", port))]  # the pod moved: another address
+        current, changes = look_at_fleets(settings, store, resolve=lambda *a, **k: moved)
+        assert [e.name for e in current.replicas_of("k8s")] == [f"k8s-127.0.0.2-{port}"]
+        assert (changes[0]["added"], changes[0]["removed"]) == ([f"k8s-127.0.0.2-{port}"], [name])

@@ -45,6 +45,18 @@ log = "/logs/{host}-{port}.log"
 """
 
 
+FOUND_BY_DNS = """
+[[fleets]]
+name = "k8s"
+router_url = "http://router3:30000"
+policy = "kv_aware"
+model = "llama"
+replicas_from = "dns"
+replicas_dns = "vllm-headless.llm.svc.cluster.local:8000"
+kv_events = "tcp://{host}:5557"
+"""
+
+
 def _load(tmp_path: Path, text: str):
     path = tmp_path / "prewarm.toml"
     path.write_text(text)
@@ -86,6 +98,16 @@ def test_router_listed_replicas_come_and_go_with_the_worker_list(tmp_path):
     assert not any(isinstance(s, KvEventSourceSettings) for s in one.sources)
 
 
+def test_replicas_found_by_dns_are_the_addresses_the_name_resolves_to(tmp_path):
+    settings = _load(tmp_path, FOUND_BY_DNS)
+    assert settings.replicas_of("k8s") == ()  # none until a look resolves the name
+    pods = ["http://10.1.0.7:8000", "http://[fd00::9]:8000"]
+    current = settings.with_members({"k8s": pods})
+    assert [e.name for e in current.replicas_of("k8s")] == ["k8s-10.1.0.7-8000", "k8s-fd00-9-8000"]
+    kv = current.kv_events_of("k8s-10.1.0.7-8000")
+    assert kv is not None and kv.endpoint == "tcp://10.1.0.7:5557"
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [
@@ -99,6 +121,10 @@ def test_router_listed_replicas_come_and_go_with_the_worker_list(tmp_path):
         (LISTED + ROUTED.replace('"rr"', '"chat"'), r"fleets\[1\]: name 'chat' is taken"),
         (LISTED + '[[sources]]\nengine = "c"\nkind = "jsonl"\npath = "/x"\n',
          r"sources\[0\]: engine 'c' is not configured"),
+        (FOUND_BY_DNS.replace(":8000", ""), r"fleets\.0\.replicas_dns.*not host:port"),
+        (FOUND_BY_DNS.replace(":8000", ":80000"), r"fleets\.0\.replicas_dns.*not host:port"),
+        (FOUND_BY_DNS.replace('replicas_from = "dns"', ""), r"lists no replicas.*or \"dns\""),
+        (ROUTED.replace('"router"', '"dns"'), r"replicas_dns goes with"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_names_the_field(tmp_path, text, where):
