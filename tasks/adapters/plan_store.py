@@ -237,6 +237,7 @@ class PlanStore:
             "state": meta.get("state", "submitted"),
             "batches": int(meta["batches"]),
             "items": int(meta["items"]),
+            "submitted": float(meta["submitted"]),
         }
         report.update({name: int(meta.get(name, 0)) for name in COUNTERS})
         report["done"] = report["batches_done"] >= report["batches"]

@@ -7,6 +7,7 @@ cache, and which replica it landed on."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,7 @@ import httpx
 from jobs.cmd_watch import Watcher
 from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
-from pipeline.planner.plan import WarmPlan
-from tasks.adapters import redis_keys
-from tasks.adapters.engine_client import samples_from_text
+from pipeline.planner.plan import WarmItem, WarmPlan
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
 from tasks.services.batch_runner import BatchRunner
@@ -44,18 +43,42 @@ class Warmups:
 
     requests: Counter[str] = field(default_factory=Counter)
     tokens: Counter[str] = field(default_factory=Counter)
-    verified: list[tuple[str, str]] = field(default_factory=list)  # (item key, replica)
     batches: list[dict[str, Any]] = field(default_factory=list)
+    #: prompt tokens per (plan, replica): what one plan asks a replica to hold
+    plan_tokens: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add(
+        self, result: dict[str, Any], items: Sequence[WarmItem], engine: str, notes: Sequence[str]
+    ) -> None:
+        """One batch's result (``BatchRunner.run``'s) and its items, sent for ``engine``."""
+        self.batches.append({**result, "engine": engine, "notes": list(notes)})
+        if result["replicas"]:  # through the router: where each landed
+            for replica, row in result["replicas"].items():
+                self._sent(result["plan"], replica, row["items"], row["tokens"])
+        else:
+            tokens = sum(i.tokens for i in items if i.kind in ("prefix", "shape"))
+            self._sent(result["plan"], engine, result["engine_requests"], tokens)
+
+    def _sent(self, plan: str, replica: str, requests: int, tokens: int) -> None:
+        self.requests[replica] += requests
+        self.tokens[replica] += tokens
+        self.plan_tokens[(plan, replica)] += tokens
 
 
-class FleetRig:
-    """``count`` replicas behind a router with ``policy``; see the module docstring."""
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+class Fleet:
+    """``count`` simulator replicas behind the real router with ``policy``, and their users:
+    the fleet as an operator runs it, without prewarm."""
 
     def __init__(
-        self, tmp_path: Path, policy: str, count: int, store: Any, store_url: str,
-        words: int = 120,
-    ) -> None:  # fmt: skip
-        self.tmp, self.policy, self.store, self.words = tmp_path, policy, store, words
+        self, tmp_path: Path, policy: str, count: int, words: int = 120, name: str = "fleet"
+    ) -> None:
+        self.tmp, self.policy, self.words, self.name = tmp_path, policy, words, name
         self.kv = policy == "kv_aware"  # replicas publish KV events, which the router reads
         self.replicas = [self._replica() for _ in range(count)]
         self.metrics_port = free_port()
@@ -71,19 +94,21 @@ class FleetRig:
             [r.url for r in self.replicas], policy, tmp_path / "router.log",
             "--prometheus-port", str(self.metrics_port), *kv_args,
         )  # fmt: skip
-        fleet = FleetSettings(
-            name="fleet", router_url=self.router.url, policy=policy,  # type: ignore[arg-type]
+        self.warmups = Warmups()
+
+    def fleet_settings(self) -> FleetSettings:
+        """The fleet's ``[[fleets]]`` entry: replicas from the router's list, each one's log its
+        source."""
+        return FleetSettings(
+            name=self.name, router_url=self.router.url, policy=self.policy,  # type: ignore[arg-type]
             model="sim-llm", replica_kind="simulator", replicas_from="router",
-            log=str(tmp_path / "replica-{port}.log"), cache_tokens=CAPACITY_BLOCKS * 16,
+            log=str(self.tmp / "replica-{port}.log"), cache_tokens=CAPACITY_BLOCKS * 16,
             cache_block_tokens=16,
             router_metrics_url=f"http://127.0.0.1:{self.metrics_port}/metrics",
         )  # fmt: skip
-        self.settings = Settings(
-            redis_url=store_url, store_url=store_url, data_dir=tmp_path / "data",
-            fleets=(fleet,), schedule=ScheduleSettings(window_s=60),
-        )  # fmt: skip
-        self.warmups = Warmups()
-        self.watcher = Watcher(self.settings, store, warm=self._warm)
+
+    def replica_name(self, replica: SimulatorServer) -> str:
+        return f"{self.name}-127.0.0.1-{replica.port}"
 
     def _replica(self) -> SimulatorServer:
         port = free_port()
@@ -100,10 +125,8 @@ class FleetRig:
         )  # type: ignore[arg-type]
         return SimulatorServer(config, port=port).start()
 
-    def start(self) -> FleetRig:
+    def start_router(self) -> None:
         self.router.start()
-        self.watcher.poll()  # every replica new: ready (nothing served yet)
-        return self
 
     def stop(self) -> None:
         self.router.stop()
@@ -128,28 +151,70 @@ class FleetRig:
                 self.send(n, f"Question {round_} about case {n}?")
 
     def first_uses(self, templates: int, tag: str) -> dict[int, tuple[bool, str]]:
-        """One new request per template: (served from cache, the replica it landed on)."""
+        """One new request per template: (served from cache, the replica it landed on: the one
+        whose log has its question, which no other request asks)."""
         out = {}
         for n in range(templates):
-            before = self.lookups()
             # (the tag first: first uses of two scenarios share no words after the template)
-            cached, prompt = self.send(n, f"{tag}: a first question on case {n}?")
-            after = self.lookups()
-            landed = [k for k in after if after[k] > before.get(k, 0.0)]
-            out[n] = (cached >= prompt // 2, landed[0] if len(landed) == 1 else "?")
+            question = f"{tag}: a first question on case {n}?"
+            before = {name: path.stat().st_size for name, path in self.logs().items()}
+            cached, prompt = self.send(n, question)
+            landed = [name for name, path in self.logs().items()
+                      if question in _read_from(path, before.get(name, 0))]  # fmt: skip
+            assert len(landed) == 1, (question, landed)
+            out[n] = (cached >= prompt // 2, landed[0])
         return out
 
-    def lookups(self) -> dict[str, float]:
-        names = {f"fleet-127.0.0.1-{r.port}": r.url for r in self.replicas}
+    def logs(self) -> dict[str, Path]:
+        """Each replica's request log, by replica name."""
+        return {self.replica_name(r): Path(r.config.log_file) for r in self.replicas}
+
+    def held_tokens(self) -> dict[str, int]:
+        """Blocks each replica's cache holds now, in tokens."""
         out = {}
-        for name, url in names.items():
-            try:
-                text = httpx.get(f"{url}/metrics", timeout=5).text
-            except httpx.TransportError:
-                continue
-            samples = samples_from_text(text, frozenset({"vllm:prefix_cache_queries_total"}))
-            out[name] = sum(v for _, _, v in samples)
+        for r in self.replicas:
+            assert r.engine is not None
+            out[self.replica_name(r)] = int(r.engine.cache.usage * CAPACITY_BLOCKS * 16)
         return out
+
+    # --- what operators do --------------------------------------------------------------------
+
+    def restart_everything(self) -> None:
+        """The router and every replica down, the replicas up, then the router."""
+        self.router.stop()
+        for replica in self.replicas:
+            replica.restart()
+        self.router.start()
+
+    def scale_out(self) -> SimulatorServer:
+        """A new replica, added to the router's worker list."""
+        replica = self._replica()
+        self.replicas.append(replica)
+        added = httpx.post(f"{self.router.url}/add_worker", params={"url": replica.url}, timeout=60)
+        added.raise_for_status()
+        return replica
+
+
+class FleetRig(Fleet):
+    """A :class:`Fleet` warmed by prewarm in this process: the replica watch and the loop run
+    here, each plan's batches through the real batch runner."""
+
+    def __init__(
+        self, tmp_path: Path, policy: str, count: int, store: Any, store_url: str,
+        words: int = 120,
+    ) -> None:  # fmt: skip
+        super().__init__(tmp_path, policy, count, words)
+        self.store = store
+        self.settings = Settings(
+            redis_url=store_url, store_url=store_url, data_dir=tmp_path / "data",
+            fleets=(self.fleet_settings(),), schedule=ScheduleSettings(window_s=60),
+        )  # fmt: skip
+        self.watcher = Watcher(self.settings, store, warm=self._warm)
+
+    def start(self) -> FleetRig:
+        self.start_router()
+        self.watcher.poll()  # every replica new: ready (nothing served yet)
+        return self
 
     # --- prewarm ------------------------------------------------------------------------------
 
@@ -188,49 +253,12 @@ class FleetRig:
         return submit
 
     def _count(self, result: dict[str, Any], plan: WarmPlan, batch: int, engine: str) -> None:
-        self.warmups.batches.append({**result, "engine": engine, "notes": plan.notes})
-        if result["replicas"]:  # through the router: where each landed
-            for replica, row in result["replicas"].items():
-                self.warmups.requests[replica] += row["items"]
-                self.warmups.tokens[replica] += row["tokens"]
-        else:
-            self.warmups.requests[engine] += result["engine_requests"]
-            items = plan.batches(plan.budget.batch_size)[batch]
-            self.warmups.tokens[engine] += sum(
-                i.tokens for i in items if i.kind in ("prefix", "shape")
-            )
+        items = plan.batches(plan.budget.batch_size)[batch]
+        self.warmups.add(result, items, engine, plan.notes)
 
     # --- scenarios ----------------------------------------------------------------------------
-
-    def after_cooldowns(self) -> None:
-        """As if the trigger cooldowns had run out (a replica restarted twice in 30 s is warmed
-        once): the scenarios follow each other in seconds."""
-        for key in self.store.scan_iter(match=redis_keys.TRIGGER_COOLDOWN.split("{")[0] + "*"):
-            self.store.delete(key)
 
     def rolling_restart(self) -> None:
         for replica in self.replicas:
             replica.restart()
             self.poll()
-
-    def restart_all(self) -> None:
-        self.router.stop()
-        for replica in self.replicas:
-            replica.restart()
-        self.router.start()
-        self.poll()
-
-    def add_replica(self) -> None:
-        replica = self._replica()
-        self.replicas.append(replica)
-        added = httpx.post(f"{self.router.url}/add_worker", params={"url": replica.url}, timeout=60)
-        added.raise_for_status()
-        self.poll()
-
-    def held_tokens(self) -> dict[str, int]:
-        """Blocks each replica's cache holds now, in tokens."""
-        out = {}
-        for r in self.replicas:
-            assert r.engine is not None
-            out[f"fleet-127.0.0.1-{r.port}"] = int(r.engine.cache.usage * CAPACITY_BLOCKS * 16)
-        return out
