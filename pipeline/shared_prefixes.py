@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +228,28 @@ def detect_prefixes(
         min_tokens=min_tokens,
     )  # fmt: skip
     return chat + text
+
+
+#: how candidates detect the records' prefixes (:func:`detect_prefixes` or a :class:`DetectedOnce`)
+Detect = Callable[..., list[SharedPrefix]]
+
+
+class DetectedOnce:
+    """:func:`detect_prefixes` of one records frame, detected once per set of parameters: the
+    plans that share one frame (the window's plans of a spread fleet's replicas, made from the
+    fleet's combined records) share its detection. Any other frame is detected as usual."""
+
+    def __init__(self, records: pd.DataFrame) -> None:
+        self.records = records
+        self._found: dict[tuple[tuple[str, Any], ...], list[SharedPrefix]] = {}
+
+    def __call__(self, records: pd.DataFrame, **params: Any) -> list[SharedPrefix]:
+        if records is not self.records:  # a frame of its own (a copy with profiles, say)
+            return detect_prefixes(records, **params)
+        key = tuple(sorted(params.items()))
+        if key not in self._found:
+            self._found[key] = detect_prefixes(records, **params)
+        return list(self._found[key])
 
 
 Span = tuple[int, int]  # first and last window of the history

@@ -27,7 +27,7 @@ from pipeline.planner.plan import EngineCost, PlanBudget, WarmItem, WarmPlan
 from pipeline.planner.reasons import PlanReason, plan_reason
 from pipeline.planner.select import build_plan, with_cache_salt
 from pipeline.prefix_blocks import DEFAULT_BLOCK_SIZE, count_tokens
-from pipeline.shared_prefixes import detect_prefixes, prefix_items, present
+from pipeline.shared_prefixes import Detect, detect_prefixes, prefix_items, present
 
 #: Prompt and output length buckets (tokens) that name a workload shape.
 PROMPT_BUCKETS = (128, 512, 2048, 8192)
@@ -196,10 +196,14 @@ def _min_tokens(request: PlanRequest) -> int:
 
 
 def prefix_candidates(
-    records: pd.DataFrame, request: PlanRequest, forecast: Mapping[str, float] | None = None
+    records: pd.DataFrame,
+    request: PlanRequest,
+    forecast: Mapping[str, float] | None = None,
+    detect: Detect = detect_prefixes,
 ) -> list[WarmItem]:
-    """The records' prefix tree as candidates, those used within ``recent_windows``."""
-    found = detect_prefixes(
+    """The records' prefix tree as candidates, those used within ``recent_windows``
+    (``detect``: how the prefixes are detected, a detection shared by several plans)."""
+    found = detect(
         records, min_count=request.min_count, block_size=request.block_size,
         window_s=request.window_s, min_tokens=_min_tokens(request),
     )  # fmt: skip
@@ -221,16 +225,19 @@ def candidates(
     forecast: Mapping[str, float] | None = None,
     *,
     extra: Sequence[WarmItem] = (),
+    detect: Detect = detect_prefixes,
 ) -> list[WarmItem]:
     """Every warm-up candidate for ``request.reason``, with predicted hits.
 
     ``extra`` are candidates the caller knows of (template heads, configured adapters, held
     KV chains); they are scored like the rest, and where the records name the same item, the
-    one with more predicted hits stays. A ``template`` plan takes only those.
+    one with more predicted hits stays. A ``template`` plan takes only those. ``detect``
+    detects the records' prefixes (:class:`~pipeline.shared_prefixes.DetectedOnce`: a
+    detection shared by plans made from one frame).
     """
     if request.reason == "template":
         return list(extra)
-    items = prefix_candidates(records, request, forecast)
+    items = prefix_candidates(records, request, forecast, detect)
     if request.adapters:
         items += adapter_items(records, request.model)
     if request.shapes or request.reason == "replica":

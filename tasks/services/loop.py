@@ -31,7 +31,6 @@ import pandas as pd
 
 from models.persistence import current_version
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.fleet_roads import Road, road_note, road_of
 from pipeline.gateway_answers import cache_answers
 from pipeline.kv_holdings import restore_candidates
 from pipeline.planner.candidates import configured_adapter_items
@@ -54,6 +53,7 @@ from tasks.adapters.observations import (
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
+from tasks.services.fleet_records import fleet_records
 from tasks.services.planning import plan_request
 from tasks.services.rewarm import update_template_hotness
 from tasks.services.window_close import close_window
@@ -196,13 +196,17 @@ class WarmLoop:
         return True
 
     def plan(
-        self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot
-    ) -> WarmPlan | None:
+        self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot,
+        window: str | None = None,
+    ) -> WarmPlan | None:  # fmt: skip
         """The one planner's plan for ``engine`` on ``snapshot`` (None: nothing seen). A
         replica's plan has its workload shapes, and its configured adapters as ``extra``; the
-        requests its gateways' clients repeat are ``extra`` of every plan."""
+        requests its gateways' clients repeat are ``extra`` of every plan. A fleet's replica
+        plans from the records of its fleet's road (:mod:`tasks.services.fleet_records`; the
+        window tick of ``window``: those its fleet's replicas share in that window)."""
         replica = reason == PlanReason.REPLICA
-        records, fleet_note = self.fleet_records(engine, snapshot.records)
+        fleet = fleet_records(self.settings, engine, snapshot.records, window)
+        records = fleet.records
         held: list[WarmItem] = []
         if records is None or records.empty:
             held = self.kv_candidates(engine)  # a replica that logs no prompts: its KV events
@@ -222,30 +226,11 @@ class WarmLoop:
             models_root=models_root(self.settings.data_dir, engine.name),
             forecast="auto" if counts is not None else "frequency",
             min_windows=self.settings.loop.min_windows_for_model,
-            extra=[*extra, *held],
+            extra=[*extra, *held], detect=fleet.detect,
         )  # fmt: skip
-        notes = [fleet_note] if fleet_note else []
+        notes = [fleet.note] if fleet.note else []
         notes += [f"candidates: {len(held)} chains held by its KV events"] if held else []
         return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
-
-    def fleet_records(
-        self, engine: EngineSettings, records: pd.DataFrame | None
-    ) -> tuple[pd.DataFrame | None, str]:
-        """The records a replica of a fleet plans from, and the plan note saying which road
-        its warm-up takes and why: where placement is spread, what every replica of the fleet
-        served (a prefix's next user may land on any of them); else its own, where its
-        prefixes' users landed. ``(records, "")`` for an engine of no fleet."""
-        if engine.fleet is None:
-            return records, ""
-        fleet = self.settings.fleet(engine.fleet)
-        note = road_note(fleet.policy)
-        if road_of(fleet.policy) is not Road.EVERY_REPLICA:
-            return records, f"{note}; candidates: this replica's own records"
-        siblings = [e.name for e in self.settings.replicas_of(fleet.name) if e.name != engine.name]
-        frames = [records] + [Observations(self.settings.data_dir, n).records() for n in siblings]
-        kept = [f for f in frames if f is not None and not f.empty]
-        merged = pd.concat(kept, ignore_index=True) if kept else records
-        return merged, f"{note}; candidates: the records of all {len(siblings) + 1} replicas"
 
     def key_drift(
         self, engine: EngineSettings, snapshot: ObservationsSnapshot, closed_before: float
@@ -334,7 +319,7 @@ class WarmLoop:
             drift = self.key_drift(engine, snapshot, outcome.started)
             outcome.triggers = [drift.to_dict()] if drift is not None else []
         outcome.triggers += [topic.to_dict()] if topic is not None else []
-        plan = self.plan(engine, outcome.reason, snapshot)
+        plan = self.plan(engine, outcome.reason, snapshot, outcome.window if window else None)
         if plan is None or not plan.items:
             outcome.status = "nothing to warm yet" if plan is None else "plan empty"
             if outcome.reason == PlanReason.WINDOW:  # nothing was predicted for the window

@@ -35,6 +35,7 @@ from pipeline.planner.plan import (
 )
 from pipeline.planner.reasons import PlanReason, plan_reason
 from pipeline.planner.recency import OLDER_WINDOW_WEIGHT
+from pipeline.shared_prefixes import Detect, detect_prefixes
 from pipeline.tables import read_parquet_file
 from tasks.adapters.engine_tokens import engine_cache, measure_tokens
 from tasks.settings import MIN_WINDOWS_FOR_MODEL, EngineSettings, Settings
@@ -249,6 +250,7 @@ def plan_for(
     models_root: Path | None = None,
     min_windows: int = MIN_WINDOWS_FOR_MODEL,
     extra: Sequence[WarmItem] = (),
+    detect: Detect = detect_prefixes,
 ) -> WarmPlan:
     """The one planning service every trigger calls: a plan for ``request.engine`` made for
     ``reason`` (a :class:`~pipeline.planner.reasons.PlanReason`; default the request's own).
@@ -260,7 +262,9 @@ def plan_for(
     ``extra`` are candidates the caller knows of (template heads, a replica's configured
     adapters, a KV restore's held chains), scored with the rest; a ``template`` plan takes only
     those. A plan with shapes (``request.shapes`` or reason ``replica``) has one per workload
-    profile.
+    profile. ``detect`` detects the records' prefixes
+    (:class:`~pipeline.shared_prefixes.DetectedOnce`: one detection for the plans made from
+    the same records).
     """
     if reason is not None:
         request = replace(request, reason=plan_reason(reason))
@@ -279,7 +283,7 @@ def plan_for(
     if request.shapes or request.reason == "replica":
         records, note = with_profiles(records)
         notes.append(note)
-    items = candidates(records, request, predicted, extra=extra)
+    items = candidates(records, request, predicted, extra=extra, detect=detect)
     counts = measure_tokens(items, engine) if engine is not None else {}
     plan = plan_from_candidates(items, request, token_counts=counts)
     notes.append(f"tokens: measured {len(counts)} by the engine" if counts else "tokens: estimated")
