@@ -16,6 +16,19 @@ from kombu import Exchange, Queue
 from tasks.settings import Settings, current_settings
 
 QUEUES = ("ingest", "model", "warm", "events")
+#: Message priorities (Redis: the lowest number is taken first). A warm-up a trigger asked for
+#: (a replica that restarted, a router that forgot) goes ahead of the routine work queued on
+#: the same queue: on a fleet of many replicas the window ticks queue up on ``ingest`` every
+#: window, and a restarted replica's warm-up waited behind them.
+URGENT_PRIORITY, ROUTINE_PRIORITY = 0, 6
+PRIORITY_STEPS = [0, 3, 6, 9]
+#: a queue's messages of priority N > 0 wait in the Redis list ``<queue>:N``
+PRIORITY_SEP = ":"
+ROUTINE: dict[str, Any] = {"priority": ROUTINE_PRIORITY}
+#: The one "warm now" task: (engine, reason or trigger kind), through the loop.
+WARM_NOW = "prewarm.loop.warm"
+#: how it is sent: ahead of the window ticks and ingests on its queue
+WARM_NOW_OPTIONS: dict[str, Any] = {"priority": URGENT_PRIORITY}
 
 #: Modules that define tasks; the worker imports them at start.
 TASK_MODULES = [
@@ -54,13 +67,20 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Longer than the longest task (and a retry's countdown of three WAL leases), so an
         # unacked message is not redelivered while it runs; a plan whose worker died does not
         # wait for it: the recovery sweep resumes it after one lease (tasks.services.recovery).
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "priority_steps": PRIORITY_STEPS,
+            "sep": PRIORITY_SEP,
+        },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "task_queues": [_queue(name) for name in QUEUES],
         "task_default_queue": "events",
+        # Priorities by route: they hold for every sender (by name, or with the task
+        # registered: a task's own default would override the route's, so none is set).
         "task_routes": {
-            **{f"prewarm.{name}.*": {"queue": name} for name in QUEUES},
-            "prewarm.loop.*": {"queue": "ingest"},  # the loop reads sources first
+            WARM_NOW: {"queue": "ingest", **WARM_NOW_OPTIONS},
+            **{f"prewarm.{name}.*": {"queue": name, **ROUTINE} for name in QUEUES},
+            "prewarm.loop.*": {"queue": "ingest", **ROUTINE},  # the loop reads sources first
         },
         "timezone": "UTC",
         "enable_utc": True,
@@ -71,13 +91,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 app = Celery("prewarm", include=TASK_MODULES)
 
-#: The one "warm now" task: (engine, reason or trigger kind), through the loop.
-WARM_NOW = "prewarm.loop.warm"
-
 
 def queue_warm_now(engine: str, reason: str) -> dict[str, Any]:
-    """Queue the "warm now" task for ``engine`` and ``reason``; its task id."""
-    return {"task_id": str(app.send_task(WARM_NOW, (engine, reason)).id)}
+    """Queue the "warm now" task for ``engine`` and ``reason``, ahead of routine work; its
+    task id."""
+    return {"task_id": str(app.send_task(WARM_NOW, (engine, reason), **WARM_NOW_OPTIONS).id)}
 
 
 @app.on_configure.connect

@@ -48,13 +48,14 @@ from celery import chain, chord, shared_task
 
 from pipeline.errors import TransientError
 from pipeline.planner.plan import WarmPlan
+from pipeline.planner.reasons import PlanReason
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import STORE_DOWN, broker_client, store_client
 from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.telemetry import record_plan
 from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.base import PrewarmTask
-from tasks.celery_app import app
+from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import fleet_settings
 from tasks.services.loop import Submit
@@ -100,7 +101,10 @@ def submit_plan(
     options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
     batches = _plans(settings).save(plan, engine, options, queue)
     record_plan(store_client(settings), plan, engine)
-    dispatch(plan.plan_id, list(range(batches)), options.ordered, queue)
+    # a window's routine warm-up yields to one a trigger or a person asked for
+    routine = plan.reason == PlanReason.WINDOW
+    priority = ROUTINE_PRIORITY if routine else URGENT_PRIORITY
+    dispatch(plan.plan_id, list(range(batches)), options.ordered, queue, priority)
     return plan.plan_id
 
 
@@ -114,10 +118,17 @@ def submitter(settings: Settings, queue: str | None = None) -> Submit:
     return submit
 
 
-def dispatch(plan_id: str, batches: list[int], ordered: bool, queue: str | None) -> None:
-    """Send ``batches`` of a stored plan, then its finish task: ordered, as a chain (batch
-    after batch); else as a chord. Used at submission and when the sweep resumes a plan."""
-    route = {"queue": queue} if queue else {}
+def dispatch(
+    plan_id: str,
+    batches: list[int],
+    ordered: bool,
+    queue: str | None,
+    priority: int = ROUTINE_PRIORITY,
+) -> None:
+    """Send ``batches`` of a stored plan, then its finish task, with ``priority``: ordered, as
+    a chain (batch after batch); else as a chord. Used at submission and when the sweep
+    resumes a plan."""
+    route: dict[str, Any] = {"priority": priority} | ({"queue": queue} if queue else {})
     sigs = [app.signature("prewarm.warm.batch", (plan_id, n), immutable=True, **route)
             for n in batches]  # fmt: skip
     finish = app.signature("prewarm.warm.finish", (plan_id,), immutable=True, **route)

@@ -150,7 +150,10 @@ def celery_app_configured(broker_url: str):
     os.environ["PREWARM_REDIS_URL"] = broker_url
     os.environ["PREWARM_STORE_URL"] = STORE_URL
     settings_module.current_settings.cache_clear()
-    # Also when something configured the app before (with the default broker): set it again.
+    # Configured first (its on_configure handler updates the configuration: an update of a
+    # configuration still pending would run that handler inside itself), then set again: also
+    # when something configured the app before, with the default broker.
+    assert app.conf.broker_url
     app.conf.update(celery_config(settings_module.current_settings()))
     return app
 

@@ -24,11 +24,19 @@ def test_a_routed_task_lands_in_its_own_queue_only(store_url, store):
     """Each queue has its own binding: nothing is copied into the other queues."""
     from celery import Celery
 
-    from tasks.celery_app import QUEUES, celery_config
+    from tasks.celery_app import PRIORITY_SEP, PRIORITY_STEPS, QUEUES, celery_config
     from tasks.settings import load_settings
 
     client_app = Celery("route-check")
     client_app.conf.update(celery_config(load_settings({"PREWARM_REDIS_URL": store_url})))
     client_app.send_task("prewarm.ingest.file", args=["/nowhere"])
-    lengths = {name: store.llen(name) for name in QUEUES}
-    assert lengths == {"ingest": 1, "model": 0, "warm": 0, "events": 0}
+    client_app.send_task("prewarm.loop.warm", args=["engine", "cli"])
+
+    def waiting(queue: str) -> list[int]:  # per priority step (its own list in Redis)
+        keys = [queue, *(f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS[1:])]
+        return [store.llen(key) for key in keys]
+
+    lengths = {name: waiting(name) for name in QUEUES}
+    # an ingest is routine work; "warm now" goes ahead of it on the same queue
+    assert lengths == {"ingest": [1, 0, 1, 0], "model": [0] * 4, "warm": [0] * 4,
+                       "events": [0] * 4}  # fmt: skip
