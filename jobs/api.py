@@ -29,7 +29,7 @@ from tasks.adapters import telemetry
 from tasks.adapters.connections import ping_redis, redacted
 from tasks.adapters.store import STORE_DOWN, probe_client
 from tasks.adapters.wal_store import ACTIVE
-from tasks.celery_app import QUEUES
+from tasks.celery_app import QUEUES, queue_keys
 from tasks.settings import Settings, current_settings
 
 SERVICE = "prewarm-api"
@@ -54,10 +54,12 @@ class QueueDepthCollector(Collector):
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for queue in QUEUES:
-                    pipe.llen(queue)
-                lengths = pipe.execute()
-            for queue, length in zip(QUEUES, lengths, strict=True):
-                depth.add_metric([queue], float(length))
+                    for key in queue_keys(queue):  # (one list per priority)
+                        pipe.llen(key)
+                lengths = iter(pipe.execute())
+            for queue in QUEUES:
+                waiting = sum(next(lengths) for _ in queue_keys(queue))
+                depth.add_metric([queue], float(waiting))
             up.add_metric(["broker"], 1.0)
         except STORE_DOWN:
             up.add_metric(["broker"], 0.0)

@@ -25,6 +25,14 @@ PRIORITY_STEPS = [0, 3, 6, 9]
 #: a queue's messages of priority N > 0 wait in the Redis list ``<queue>:N``
 PRIORITY_SEP = ":"
 ROUTINE: dict[str, Any] = {"priority": ROUTINE_PRIORITY}
+
+
+def queue_keys(queue: str) -> list[str]:
+    """The Redis lists that hold ``queue``'s waiting messages, one per priority step: what its
+    length is summed over."""
+    return [queue, *(f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS[1:])]
+
+
 #: The one "warm now" task: (engine, reason or trigger kind), through the loop.
 WARM_NOW = "prewarm.loop.warm"
 #: how it is sent: ahead of the window ticks and ingests on its queue

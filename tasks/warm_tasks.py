@@ -55,7 +55,7 @@ from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.telemetry import record_plan
 from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.base import PrewarmTask
-from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app
+from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app, queue_keys
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import fleet_settings
 from tasks.services.loop import Submit
@@ -182,7 +182,7 @@ def resumer(settings: Settings) -> PlanResumer:
         PlanStore(store),
         WalStore(store, settings.wal_lease_s),
         dispatch,
-        waiting=lambda queue: int(broker.llen(queue)),
+        waiting=lambda queue: sum(int(broker.llen(key)) for key in queue_keys(queue)),
         stall_s=settings.wal_lease_s,
     )
 

@@ -42,8 +42,9 @@ def test_health_answers_ok_when_redis_answers(api_url):
 
 def test_metrics_expose_queue_depths_and_redis_state(api_url, store):
     store.rpush("warm", "x", "y")
+    store.rpush("warm:6", "z")  # a routine message: its priority's own list
     text = httpx.get(f"{api_url}/metrics").text
-    assert 'prewarm_queue_length{queue="warm"} 2.0' in text
+    assert 'prewarm_queue_length{queue="warm"} 3.0' in text
     assert 'prewarm_redis_up{role="broker"} 1.0' in text
 
 

@@ -15,6 +15,7 @@ import redis
 
 from jobs.embedded import serve_app
 from jobs.webhooks import webhook_app
+from tasks.celery_app import queue_keys
 from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import Settings, TemplateRepoSettings
 
@@ -163,7 +164,7 @@ class Receiver:
         return httpx.post(f"{self.url}/webhooks/{forge}", content=body, headers=headers, timeout=10)
 
     def queued(self) -> int:
-        return int(self.broker.llen(self.queue))
+        return sum(int(self.broker.llen(key)) for key in queue_keys(self.queue))
 
     def state(self) -> tuple[int, list[bytes]]:
         """Everything a delivery could change: queued tasks and de-duplication keys."""
@@ -212,7 +213,8 @@ def full_receiver(celery_app_configured, broker_url, store_url) -> Iterator[Rece
 
 
 def _task_args(receiver: Receiver) -> list:
-    message = json.loads(receiver.broker.lindex(receiver.queue, 0))
+    (raw,) = [m for key in queue_keys(receiver.queue) for m in receiver.broker.lrange(key, 0, -1)]
+    message = json.loads(raw)
     assert message["headers"]["task"] == "prewarm.events.repo_changed"
     return message["headers"]["argsrepr"]
 

@@ -24,7 +24,7 @@ def test_a_routed_task_lands_in_its_own_queue_only(store_url, store):
     """Each queue has its own binding: nothing is copied into the other queues."""
     from celery import Celery
 
-    from tasks.celery_app import PRIORITY_SEP, PRIORITY_STEPS, QUEUES, celery_config
+    from tasks.celery_app import QUEUES, celery_config, queue_keys
     from tasks.settings import load_settings
 
     client_app = Celery("route-check")
@@ -33,8 +33,7 @@ def test_a_routed_task_lands_in_its_own_queue_only(store_url, store):
     client_app.send_task("prewarm.loop.warm", args=["engine", "cli"])
 
     def waiting(queue: str) -> list[int]:  # per priority step (its own list in Redis)
-        keys = [queue, *(f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS[1:])]
-        return [store.llen(key) for key in keys]
+        return [store.llen(key) for key in queue_keys(queue)]
 
     lengths = {name: waiting(name) for name in QUEUES}
     # an ingest is routine work; "warm now" goes ahead of it on the same queue
