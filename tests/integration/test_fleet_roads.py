@@ -10,6 +10,10 @@ import re
 import pytest
 
 from pipeline.fleet_roads import road_note
+from tasks.adapters.targets.base import WarmOptions
+from tasks.services.batch_runner import BatchRunner
+from tasks.settings import Settings
+from tasks.settings.fleets import FleetSettings, ReplicaSettings
 from tests.integration.fleet_rig import FleetRig
 
 pytestmark = pytest.mark.integration
@@ -59,3 +63,25 @@ def test_spread_placement_is_warmed_on_every_replica_within_capacity(rig):
     first = rig.first_uses(TEMPLATES, "the rolling restart")
     assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
     assert all(held <= 512 * 16 for held in rig.held_tokens().values())
+
+
+def test_batches_through_one_router_take_turns(store, store_url, tmp_path):
+    """Two replicas' batches through one router run one at a time (each prime is placed by the
+    one replica whose lookups grew); a batch sent to a replica directly keeps its own slots."""
+    replicas = tuple(ReplicaSettings(url=f"http://127.0.0.1:{port}") for port in (8001, 8002))
+    fleets = tuple(
+        FleetSettings(name=policy, router_url="http://127.0.0.1:8000", policy=policy,
+                      model="m", replicas=replicas, max_concurrency=2)
+        for policy in ("cache_aware", "kv_aware")
+    )  # fmt: skip
+    settings = Settings(redis_url=store_url, store_url=store_url, data_dir=tmp_path, fleets=fleets)
+    runner = BatchRunner(store, settings)
+    a, b = settings.replicas_of("cache_aware")
+    assert runner.routed(a, WarmOptions()) is not None
+    assert runner.semaphore(a, routed=True).try_acquire("restore of a")
+    assert not runner.semaphore(b, routed=True).try_acquire("warm-up of b")
+    c, _ = settings.replicas_of("kv_aware")  # directly on the replica: its own two slots
+    assert runner.routed(c, WarmOptions()) is None
+    direct = runner.semaphore(c, routed=False)
+    assert direct.try_acquire("one") and direct.try_acquire("two")
+    assert not direct.try_acquire("three")
