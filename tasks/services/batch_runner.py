@@ -177,11 +177,13 @@ class BatchRunner:
 
     def routed(self, engine: EngineSettings, options: WarmOptions) -> RoutedFleet | None:
         """The road through the router for a replica of a fleet whose router remembers what it
-        routed (its prefixes go through the router); None for any other engine."""
+        routed (its prefixes go through the router), or whose plan says so (``options.road``:
+        after its router restarted); None for any other engine."""
         if engine.fleet is None:
             return None
         fleet = self.settings.fleet(engine.fleet)
-        if road_of(fleet.policy) is not Road.THROUGH_ROUTER:
+        road = Road(options.road) if options.road else road_of(fleet.policy)
+        if road is not Road.THROUGH_ROUTER:
             return None
         replicas = {e.name: self.client(e, options) for e in self.settings.replicas_of(fleet.name)}
         return RoutedFleet(self.client(engine, options, fleet.router_url), replicas)
