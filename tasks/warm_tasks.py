@@ -98,7 +98,9 @@ def submit_plan(
     engine = settings.engine(engine_name or plan.engine).name
     # A plan cut to the cache's capacity runs batch after batch: its order is its LRU order.
     ordered = plan.budget.max_tokens is not None
-    options = options or WarmOptions(batch_size=plan.budget.batch_size, ordered=ordered)
+    options = options or WarmOptions(
+        batch_size=plan.budget.batch_size, ordered=ordered, road=plan.road
+    )
     batches = _plans(settings).save(plan, engine, options, queue)
     record_plan(store_client(settings), plan, engine)
     # a window's routine warm-up yields to one a trigger or a person asked for

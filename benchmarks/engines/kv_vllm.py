@@ -3,7 +3,12 @@
 It is :class:`benchmarks.engines.engine.VllmServer` with two changes: no ``--enable-log-requests``
 and ``VLLM_LOGGING_LEVEL=INFO`` (so no prompt and no token id reaches its log), and
 ``--kv-events-config`` publishing the KV-cache event stream on a ZMQ PUB socket with a ROUTER
-replay socket.
+replay socket. Behind ``vllm-router`` (0.1.17) it also needs ``--enable-scale-out``
+(``scale_out``): the router's prefix-aware policies (``cache_aware``, ``kv_aware``) tokenize
+each request through the replica's ``/v1/chat/completions/render`` or
+``/v1/completions/render``, which vLLM 0.32 answers 403 without it; the router then has no
+tokens for chats and text prompts and routes them by load alone (its
+``vllm_router_prefix_routing_decisions_total{outcome="missing_tokens"}``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class KvEventsVllmServer(VllmServer):
 
     events_port: int = 0
     replay_port: int = 0
+    scale_out: bool = False  # --enable-scale-out: the render endpoints a router tokenizes with
 
     @property
     def events_endpoint(self) -> str:
@@ -85,7 +91,8 @@ class KvEventsVllmServer(VllmServer):
 
     def command(self) -> list[str]:
         cmd = [arg for arg in super().command() if arg != "--enable-log-requests"]
-        return [*cmd, "--kv-events-config", self.kv_events_config()]
+        cmd += ["--kv-events-config", self.kv_events_config()]
+        return [*cmd, "--enable-scale-out"] if self.scale_out else cmd
 
     def environment(self) -> dict[str, str]:
         env = super().environment()

@@ -175,6 +175,9 @@ class WarmPlan:
     dropped: int = 0
     notes: tuple[str, ...] = ()
     reason: PlanReason = PlanReason.CLI
+    #: the fleet road its prefixes take when not their policy's ("": the policy's own; see
+    #: :func:`pipeline.fleet_roads.through_router`)
+    road: str = ""
 
     def batches(self, size: int | None = None) -> list[tuple[WarmItem, ...]]:
         """The items cut into batches of ``size`` (default: the budget's), order kept."""
@@ -197,6 +200,8 @@ class WarmPlan:
             "reason": self.reason.value,
             "items": [item.to_dict() for item in self.items],
         }
+        if self.road:
+            data["road"] = self.road
         return json.dumps(data, ensure_ascii=False, indent=1)
 
     @classmethod
@@ -216,6 +221,7 @@ class WarmPlan:
                 dropped=int(data.get("dropped", 0)),
                 notes=tuple(data.get("notes", ())),
                 reason=plan_reason(str(data.get("reason", PlanReason.CLI)), where=where),
+                road=str(data.get("road", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise BadInputError(f"not a warm plan ({exc})", where=where) from exc

@@ -1,8 +1,10 @@
 """Looking at a fleet's router over HTTP: is it up, and which workers it routes to.
 
 ``vllm-router`` (and ``sglang-router``, the same lineage) answer ``GET /list_workers`` with
-``{"urls": [...]}`` and ``GET /health`` with 200. The router is never asked for metrics or used
-to verify a warm-up: it answers those for one replica of its choosing."""
+``{"urls": [...]}`` and ``GET /health`` with 200 — or, while one of its workers fails its health
+checks (a replica restarting), with 503 ``Unhealthy servers: [...]``: the router is up then,
+and its memory is intact. The router is never asked for metrics or used to verify a warm-up: it
+answers those for one replica of its choosing."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import httpx
 from pipeline.errors import BadInputError, EngineUnavailableError
 from tasks.adapters.engine_client import samples_from_text
 from tasks.settings.fleets import FleetSettings
+
+#: how vllm-router 0.1.17 begins its 503 ``/health`` answer while a worker is unhealthy
+UNHEALTHY_WORKERS = "Unhealthy servers"
 
 
 class RouterClient:
@@ -36,11 +41,16 @@ class RouterClient:
         self.close()
 
     def is_up(self) -> bool:
-        """Whether the router answers ``/health`` with 200."""
+        """Whether the router answers ``/health``: 200, or 503 naming its unhealthy workers (a
+        replica down is not the router down; taken for one, a rolling restart of the replicas
+        looked like a router restart and warmed every replica again)."""
         try:
-            return self.http.get("/health").status_code == 200
+            response = self.http.get("/health")
         except httpx.HTTPError:
             return False
+        if response.status_code == 200:
+            return True
+        return response.status_code == 503 and response.text.startswith(UNHEALTHY_WORKERS)
 
     def requests_served(self) -> float | None:
         """The router's ``vllm_router_requests_total`` summed over routes, from its own

@@ -37,6 +37,9 @@ from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.services.event_verification import confirmed_by_events
 from tasks.settings import EngineSettings, Settings
 
+#: the semaphore name of a fleet's road through its router (one batch at a time per fleet)
+ROUTED_SLOT = "fleet-router:"
+
 
 class BatchBusy(TransientError):
     """Another worker holds this batch (or its dead attempt's lease has not expired yet)."""
@@ -174,14 +177,28 @@ class BatchRunner:
 
     def routed(self, engine: EngineSettings, options: WarmOptions) -> RoutedFleet | None:
         """The road through the router for a replica of a fleet whose router remembers what it
-        routed (its prefixes go through the router); None for any other engine."""
+        routed (its prefixes go through the router), or whose plan says so (``options.road``:
+        after its router restarted); None for any other engine."""
         if engine.fleet is None:
             return None
         fleet = self.settings.fleet(engine.fleet)
-        if road_of(fleet.policy) is not Road.THROUGH_ROUTER:
+        road = Road(options.road) if options.road else road_of(fleet.policy)
+        if road is not Road.THROUGH_ROUTER:
             return None
         replicas = {e.name: self.client(e, options) for e in self.settings.replicas_of(fleet.name)}
         return RoutedFleet(self.client(engine, options, fleet.router_url), replicas)
+
+    def semaphore(self, engine: EngineSettings, routed: bool) -> EngineSemaphore:
+        """The slot a batch of ``engine`` holds while it runs: one of the engine's own
+        (``max_concurrency``), or, for a batch sent through its fleet's router, the fleet's one
+        slot. A prime through the router is placed by the one replica whose lookups grew; two
+        batches through one router at once (a replica's restore and a router restart's warm-up)
+        made every prime of both ambiguous, and failed them as unplaced."""
+        if routed:
+            name, limit = f"{ROUTED_SLOT}{engine.fleet}", 1
+        else:
+            name, limit = engine.name, engine.max_concurrency
+        return EngineSemaphore(self.store, name, limit, hold_s=self.settings.wal_lease_s)
 
     def run(self, plan_id: str, batch: int) -> dict[str, Any]:
         """Run batch ``batch`` of ``plan_id`` once; a finished batch returns its stored result."""
@@ -219,15 +236,14 @@ class BatchRunner:
         started = time.perf_counter()
         plan_id = end.plan_id
         client = self.client(engine, options)
-        semaphore = EngineSemaphore(
-            self.store, engine.name, engine.max_concurrency, hold_s=self.settings.wal_lease_s
-        )
+        routed = self.routed(engine, options)
+        semaphore = self.semaphore(engine, routed is not None)
         logs = GatewayLog(gateway_log_files(self.settings, engine.name))
         gateways = self.gateways(engine)
         ctx = BatchContext(
             self.store, client, options, gateways=gateways,
             adapter_paths=adapter_target.adapter_paths(engine.adapters),
-            gateway_logs=dict.fromkeys(gateways, logs), routed=self.routed(engine, options),
+            gateway_logs=dict.fromkeys(gateways, logs), routed=routed,
         )  # fmt: skip
         self.plans.count_run(plan_id, batch)
         ctx.requests_at_start = client.requests

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from pipeline.errors import EngineUnavailableError
-from pipeline.fleet_roads import Road, road_note, road_of
+from pipeline.fleet_roads import ROUTER_RESTARTED, forgets_at_restart, road_note, road_of
 from pipeline.triggers import TriggerEvent
 from tasks.adapters import fleet_state
 from tasks.adapters.connections import redacted
@@ -30,8 +30,6 @@ from tasks.services.replica_watch import WarmNow
 from tasks.settings import Settings
 from tasks.settings.fleets import FleetSettings
 
-#: the trigger kind of a router found restarted (its fleet's replicas are warmed again)
-ROUTER_RESTARTED = "router_restarted"
 #: a client of a fleet's router (tests pass one with a mock transport)
 RouterFor = Callable[[FleetSettings], RouterClient]
 
@@ -113,13 +111,14 @@ def router_restart_warms(
     now: float,
     warmed: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """A router that remembers what it routed and restarted has forgotten it: each replica of
-    its fleet is warmed again (through the router), past its cooldown, unless it was just
-    ``warmed`` (a replica that restarted with it). Returns what fired."""
+    """A router that keeps a memory of where prefixes live (``cache_aware``, ``kv_aware``) and
+    restarted has forgotten it: each replica of its fleet is warmed again, through the router
+    (``warm`` with :data:`ROUTER_RESTARTED`), past its cooldown, unless it was just ``warmed``
+    (a replica that restarted with it). Returns what fired."""
     fired = []
     for change in changes:
         fleet = settings.fleet(change["fleet"])
-        if not change["router_restarted"] or road_of(fleet.policy) is not Road.THROUGH_ROUTER:
+        if not change["router_restarted"] or not forgets_at_restart(fleet.policy):
             continue
         for engine in settings.replicas_of(fleet.name):
             if engine.name in warmed:

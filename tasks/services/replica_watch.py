@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pipeline.fleet_roads import ROUTER_RESTARTED, through_router
+from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import trigger_reason
 from pipeline.triggers import (
     EngineSample,
@@ -110,9 +112,19 @@ def warm_for_trigger(
 ) -> dict[str, Any]:
     """The "warm now" service: warm ``engine`` through the loop for a trigger ``kind``
     (``replica_ready``, ``hit_rate_drop`` …, or a plan reason), with its plan reason. Returns
-    the loop's outcome, with the trigger and the plan's size (``items``)."""
+    the loop's outcome, with the trigger and the plan's size (``items``). A router's restart
+    (:data:`ROUTER_RESTARTED`) is answered through the router, whatever its policy's road."""
+    if kind == ROUTER_RESTARTED:
+        submit = _through_router(submit)
     outcome = WarmLoop(settings, store, submit).warm_now(engine, trigger_reason(kind))
     return {**outcome, "trigger": kind, "items": outcome["planned"]}
+
+
+def _through_router(submit: Submit) -> Submit:
+    def routed(plan: WarmPlan, engine: str) -> str:
+        return submit(through_router(plan), engine)
+
+    return routed
 
 
 def watch_engine(

@@ -243,7 +243,8 @@ class FleetRig(Fleet):
     def _submit(self, settings: Settings):
         def submit(plan: WarmPlan, engine: str) -> str:
             plans = PlanStore(self.store)
-            batches = plans.save(plan, engine, WarmOptions(plan.budget.batch_size, ordered=True))
+            options = WarmOptions(plan.budget.batch_size, ordered=True, road=plan.road)
+            batches = plans.save(plan, engine, options)
             runner = BatchRunner(self.store, settings)
             for batch in range(batches):
                 self._count(runner.run(plan.plan_id, batch), plan, batch, engine)

@@ -9,7 +9,13 @@ import re
 
 import pytest
 
-from pipeline.fleet_roads import road_note
+from pipeline.fleet_roads import ROUTER_RESTARTED, road_note, through_router
+from pipeline.planner.plan import WarmPlan
+from tasks.adapters.targets.base import WarmOptions
+from tasks.services.batch_runner import BatchRunner
+from tasks.services.fleets import router_restart_warms
+from tasks.settings import Settings
+from tasks.settings.fleets import FleetSettings, ReplicaSettings
 from tests.integration.fleet_rig import FleetRig
 
 pytestmark = pytest.mark.integration
@@ -59,3 +65,50 @@ def test_spread_placement_is_warmed_on_every_replica_within_capacity(rig):
     first = rig.first_uses(TEMPLATES, "the rolling restart")
     assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
     assert all(held <= 512 * 16 for held in rig.held_tokens().values())
+
+
+def test_batches_through_one_router_take_turns(store, store_url, tmp_path):
+    """Two replicas' batches through one router run one at a time (each prime is placed by the
+    one replica whose lookups grew); a batch sent to a replica directly keeps its own slots."""
+    replicas = tuple(ReplicaSettings(url=f"http://127.0.0.1:{port}") for port in (8001, 8002))
+    fleets = tuple(
+        FleetSettings(name=policy, router_url="http://127.0.0.1:8000", policy=policy,
+                      model="m", replicas=replicas, max_concurrency=2)
+        for policy in ("cache_aware", "kv_aware")
+    )  # fmt: skip
+    settings = Settings(redis_url=store_url, store_url=store_url, data_dir=tmp_path, fleets=fleets)
+    runner = BatchRunner(store, settings)
+    a, b = settings.replicas_of("cache_aware")
+    assert runner.routed(a, WarmOptions()) is not None
+    assert runner.semaphore(a, routed=True).try_acquire("restore of a")
+    assert not runner.semaphore(b, routed=True).try_acquire("warm-up of b")
+    c, _ = settings.replicas_of("kv_aware")  # directly on the replica: its own two slots
+    assert runner.routed(c, WarmOptions()) is None
+    direct = runner.semaphore(c, routed=False)
+    assert direct.try_acquire("one") and direct.try_acquire("two")
+    assert not direct.try_acquire("three")
+
+
+def test_a_restarted_router_that_remembers_is_warmed_through(store, store_url, tmp_path):
+    """After a restart, a router that keeps a memory of where prefixes live (``cache_aware``'s
+    tree, ``kv_aware``'s event index) has forgotten it: every replica is warmed again, through
+    the router whatever the policy's road; a router that spreads remembers nothing."""
+    replicas = (ReplicaSettings(url="http://127.0.0.1:8001"),)
+    fleets = tuple(
+        FleetSettings(name=policy, router_url="http://127.0.0.1:8000", policy=policy,
+                      model="m", replicas=replicas)
+        for policy in ("cache_aware", "kv_aware", "round_robin")
+    )  # fmt: skip
+    settings = Settings(redis_url=store_url, store_url=store_url, data_dir=tmp_path, fleets=fleets)
+    changes = [{"fleet": f.name, "router_restarted": True} for f in fleets]
+    asked: list[tuple[str, str]] = []
+    fired = router_restart_warms(settings, store, changes, lambda e, k: asked.append((e, k)) or {},
+                                 now=1000.0)  # fmt: skip
+    assert sorted(f["detail"]["fleet"] for f in fired) == ["cache_aware", "kv_aware"]
+    assert {kind for _, kind in asked} == {ROUTER_RESTARTED}
+    (kv_replica,) = settings.replicas_of("kv_aware")
+    runner = BatchRunner(store, settings)
+    assert runner.routed(kv_replica, WarmOptions()) is None  # its own road: on the replica
+    plan = through_router(WarmPlan("p", kv_replica.name, ()))
+    assert WarmPlan.from_json(plan.to_json()).road == "through-router"
+    assert runner.routed(kv_replica, WarmOptions(road=plan.road)) is not None

@@ -4,6 +4,7 @@ engines; one the router adds is new to the watch (which warms it), one it remove
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from jobs.api import build_api
 from jobs.cmd_watch import Watcher
 from jobs.embedded import serve_app
 from jobs.simulator import SimulatorServer
+from tasks.adapters import fleet_state
 from tasks.services.fleets import fleet_settings, look_at_fleets
 from tasks.services.status import loop_status
 from tasks.settings import Settings
@@ -95,3 +97,24 @@ def test_replicas_found_by_dns_follow_the_names_addresses(replicas, store, store
         current, changes = look_at_fleets(settings, store, resolve=lambda *a, **k: moved)
         assert [e.name for e in current.replicas_of("k8s")] == [f"k8s-127.0.0.2-{port}"]
         assert (changes[0]["added"], changes[0]["removed"]) == ([f"k8s-127.0.0.2-{port}"], [name])
+
+
+def test_a_replica_down_is_not_the_router_restarting(replicas, store, store_url, broker_url,
+                                                     tmp_path):  # fmt: skip
+    """While a replica is down the router answers ``/health`` with 503 naming it; the router is
+    up all along, and a rolling restart of its replicas is no router restart."""
+    with RouterProcess([r.url for r in replicas[:2]], "cache_aware", tmp_path / "r.log") as router:
+        settings = _settings(router, store_url, broker_url, tmp_path)
+        look_at_fleets(settings, store)
+        replicas[0].stop()
+        health = lambda: httpx.get(f"{router.url}/health", timeout=5)  # noqa: E731 (polled below)
+        for _ in range(100):  # the router checks its workers every second
+            if health().status_code == 503:
+                break
+            time.sleep(0.1)
+        assert health().status_code == 503 and replicas[0].url in health().text
+        _, changes = look_at_fleets(settings, store)
+        replicas[0].start()
+        _, after = look_at_fleets(settings, store)
+    assert fleet_state.router_seen(store, "chat")["up"] is True
+    assert [c for c in changes + after if c["router_restarted"] or not c["router_up"]] == []

@@ -50,6 +50,8 @@ class WarmOptions:
     prompts_per_request: int = 32  # text prefixes primed per /v1/completions request
     min_cached_share: float = 0.5  # of a probed group's prompt tokens that must be cached
     ordered: bool = False
+    #: a fleet replica's road when not its policy's ("": the policy's; ``WarmPlan.road``)
+    road: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> WarmOptions:

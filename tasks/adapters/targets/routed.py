@@ -43,6 +43,27 @@ def landing(
     return "", f"placement: {len(grew)} replicas counted lookups at once (traffic)"
 
 
+def counted(
+    routed: RoutedFleet,
+    before: Mapping[str, float | None],
+    prompt_tokens: int,
+    wait_s: float = 2.0,
+    every_s: float = 0.05,
+) -> dict[str, float | None]:
+    """Every replica's lookups once they count a prime of ``prompt_tokens`` (vLLM adds a
+    request's prompt tokens to its lookups), or as they are after ``wait_s``. vLLM publishes a
+    request's counts to ``/metrics`` a moment after answering it: read at once, a prime's count
+    could land in the next prime's delta, two replicas grew, and that prime failed as unplaced
+    (seen on two vLLM CPU replicas behind vllm-router)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = routed.lookups()
+        grown = sum(max(0.0, (v or 0.0) - (before.get(k) or 0.0)) for k, v in after.items())
+        if grown >= prompt_tokens or time.monotonic() >= deadline:
+            return after
+        time.sleep(every_s)
+
+
 def _send(
     item: WarmItem, routed: RoutedFleet, result: ItemResult, before: dict[str, float | None]
 ) -> dict[str, float | None]:
@@ -54,7 +75,7 @@ def _send(
         result.fail(str(exc))
         return routed.lookups()
     result.prime = done
-    after = routed.lookups()
+    after = counted(routed, before, done.prompt_tokens)
     replica, why = landing(before, after, done.prompt_tokens)
     if replica:
         result.replica = replica
