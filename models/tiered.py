@@ -69,19 +69,21 @@ class TieredRanking(HotnessModel):
         super().fit(matrix, until)
         end = _until(matrix, until) - self.horizon
         ends = list(range(max(0, end - self.windows + 1), end + 1)) if self.calibrated else []
-        rankers = simple_models(self.daily)
-        self.maps_ = {name: _calibration(matrix, rankers[name], ends, self.horizon)
-                      for name in self._rankers()}  # fmt: skip
+        self.rankers_ = self._fresh_rankers()
+        self.maps_ = {name: _calibration(matrix, ranker, ends, self.horizon)
+                      for name, ranker in self.rankers_.items()}  # fmt: skip
         return self
 
-    def _rankers(self) -> list[str]:
-        return list(dict.fromkeys([*self.tiers, self.rest]))
+    def _fresh_rankers(self) -> dict[str, HotnessModel]:
+        """The tiers' and the rest's rankers, one instance each (kept: some cache per matrix)."""
+        models = simple_models(self.daily)
+        return {name: models[name] for name in dict.fromkeys([*self.tiers, self.rest])}
 
     def _predict(
         self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
     ) -> np.ndarray:
-        rankers = simple_models(self.daily)
-        scores = {name: _scores(rankers[name], matrix, t, items, horizon) for name in self.maps_}
+        scores = {name: _scores(ranker, matrix, t, items, horizon)
+                  for name, ranker in self.rankers_.items()}  # fmt: skip
         names = [*self.tiers, self.rest]
         order = _tiered_order([scores[name] for name in names], self.budgets)
         counts = np.zeros(len(items))
@@ -106,8 +108,9 @@ class TieredRanking(HotnessModel):
     def import_state(self, state: ModelState) -> TieredRanking:
         """Restore what :meth:`export_state` saved; returns ``self``."""
         super().import_state(state)
+        self.rankers_ = self._fresh_rankers()
         self.maps_ = {name: (state.arrays[f"{name}.scores"], state.arrays[f"{name}.counts"])
-                      if self.calibrated else None for name in self._rankers()}  # fmt: skip
+                      if self.calibrated else None for name in self.rankers_}  # fmt: skip
         return self
 
     def get_params(self) -> dict[str, Any]:
