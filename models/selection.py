@@ -10,14 +10,15 @@ in requests (``metric="requests"``, what a warm cache serves window after window
 uses (``metric="first_uses"``: what a warm-up after a restart saves), and the MAE.
 
 The baselines often disagree — one ranks the hottest few best, another the next hundreds, a
-third counts best — and no single one of them holds against all three. So once the simple
+third counts best — and then no single one of them holds against all three. So once the simple
 candidates are scored, the tiered rankings (:mod:`models.tiered`, :func:`with_tiered`) join
-them, scored on the same origins: each item budget's top items ranked by the simplest simple
-candidate as good as the best one at that budget (:func:`tier_rankers`), the rest in the order
-of the one with the lowest MAE; ``tiered`` predicts those rankers' own counts,
-``tiered_calibrated`` the median count that their scores saw next window on the latest
-history. A share depends only on the ranking, an MAE only on the counts, so these keep each
-baseline where it is best.
+them, scored on the same origins. When some simple candidates hold, they rank as the one the
+choice keeps of those; when none does, each item budget's top items are ranked by the simplest
+simple candidate as good as the best one at that budget (:func:`models.tiered.tier_rankers`)
+and the rest in the order of the one with the lowest MAE. ``tiered`` predicts those rankers'
+own counts, ``tiered_calibrated`` the median count that their scores saw next window on the
+latest history. A share depends only on the ranking, an MAE only on the counts, so these keep
+each baseline where it is best.
 
 The choice (:func:`choose`) generalises rather than chases the backtest's luck:
 
@@ -57,7 +58,7 @@ from models.backtest import METRIC_COLUMNS, Backtest, BacktestPlan, plan_backtes
 from models.baselines import HotnessModel, _until, baselines, simple_models
 from models.features import FEATURE_NAMES, windows_per_day
 from models.persistence import ModelState, load_model, read_saved
-from models.tiered import TieredRanking
+from models.tiered import TieredRanking, tier_rankers
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 
@@ -143,24 +144,16 @@ def choose(backtest: Backtest) -> str:
     eligible = [name for name, s in shortfalls.items() if s <= 1.0]
     if not eligible:  # nothing holds: the nearest to the best baseline
         eligible = [min(shortfalls, key=shortfalls.__getitem__)]
-    winner = eligible[0]
-    for challenger in eligible[1:]:
+    return simplest_unbeaten(backtest, eligible)
+
+
+def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
+    """Of ``names`` (simplest first), the simplest one no later one beats by more than noise."""
+    winner = names[0]
+    for challenger in names[1:]:
         if beats(backtest, challenger, winner):
             winner = challenger
     return winner
-
-
-def tier_rankers(backtest: Backtest, names: list[str], budgets: tuple[int, ...]) -> tuple[str, ...]:
-    """The ranker of each item budget's tier (:class:`models.tiered.TieredRanking`): of the
-    simple candidates ``names``, the simplest whose share at that budget is within
-    :data:`SHARE_TOLERANCE` of the best one's (as good, as the eligibility judges)."""
-    tiers = []
-    for budget in budgets:
-        i = backtest.budgets.index(f"{budget} items")
-        shares = {name: float(backtest.share(name)[i]) for name in names}
-        best = max(shares.values())
-        tiers.append(next(name for name in names if shares[name] >= best - SHARE_TOLERANCE))
-    return tuple(tiers)
 
 
 def with_tiered(
@@ -170,13 +163,20 @@ def with_tiered(
     plan: BacktestPlan,
     selected: SelectedForecaster,
 ) -> tuple[dict[str, HotnessModel], Backtest]:
-    """The candidates and their backtest with the tiered rankings (:data:`TIERED`; tiers from
-    ``scored``, the rest in the order of the simple candidate with the lowest MAE) scored on
-    the same origins and placed after the simple candidates."""
+    """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
+    same origins and placed after the simple candidates. When simple candidates hold against
+    the best baseline, the tiered rankings rank as the one :func:`choose` keeps of them (only
+    their counts differ); when none does, the tiers come from ``scored``
+    (:func:`models.tiered.tier_rankers`), the rest in the order of the lowest MAE's."""
     simple = [name for name in models if name in simple_models(selected.daily_)]
     budgets = tuple(selected.budgets)
-    tiers = tier_rankers(scored, simple, budgets)
-    rest = min(simple, key=scored.mae)
+    holding = [name for name in simple if shortfall(scored, name) <= 1.0]
+    if holding:
+        rest = simplest_unbeaten(scored, holding)
+        tiers = (rest,) * len(budgets)
+    else:
+        tiers = tier_rankers(scored, simple, budgets, SHARE_TOLERANCE)
+        rest = min(simple, key=scored.mae)
     tiered = {name: TieredRanking(budgets, tiers, rest, calibrated, daily=selected.daily_,
                                   horizon=selected.horizon)
               for name, calibrated in TIERED.items()}  # fmt: skip
@@ -341,9 +341,8 @@ def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
     if not wanted:
         return "baselines, blends and tiered rankings only (LightGBM not asked for)"
     return (
-        f"baselines, blends and tiered rankings only: {history} window(s) of history, too few "
-        f"for LightGBM (it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} "
-        "origins in it)"
+        f"baselines, blends and tiered rankings only: {history} window(s) of history, too few for "
+        f"LightGBM (it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
     )
 
 

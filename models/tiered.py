@@ -8,7 +8,7 @@ them predicts counts far from what a window sees: most seen blocks get no reques
 :class:`TieredRanking` keeps each ranking where it is good and calibrates the counts:
 
 * ranking: one simple model (:func:`models.baselines.simple_models`) per item budget, its
-  ``tiers`` (the selection names them from its backtest, :func:`models.selection.tier_rankers`):
+  ``tiers`` (the selection names them from its backtest, :func:`tier_rankers`):
   the smallest budget's top items come from its ranker, the next budget's tier is filled from
   its ranker with the items not already taken, and so on; the items after the largest budget
   keep that budget's ranker's order;
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
+from models.backtest import Backtest
 from models.baselines import HotnessModel, _until, simple_models
 from models.model_state import ModelState
 from pipeline.errors import BadInputError
@@ -116,6 +117,21 @@ class TieredRanking(HotnessModel):
     def get_params(self) -> dict[str, Any]:
         """Constructor parameters (as JSON values)."""
         return {**super().get_params(), "budgets": list(self.budgets), "tiers": list(self.tiers)}
+
+
+def tier_rankers(
+    backtest: Backtest, names: list[str], budgets: tuple[int, ...], tolerance: float
+) -> tuple[str, ...]:
+    """The ranker of each item budget's tier: of the simple candidates ``names`` (simplest
+    first), the simplest whose backtest share at that budget is within ``tolerance`` of the
+    best one's."""
+    tiers = []
+    for budget in budgets:
+        i = backtest.budgets.index(f"{budget} items")
+        shares = {name: float(backtest.share(name)[i]) for name in names}
+        best = max(shares.values())
+        tiers.append(next(name for name in names if shares[name] >= best - tolerance))
+    return tuple(tiers)
 
 
 def _scores(

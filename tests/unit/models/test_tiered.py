@@ -9,8 +9,8 @@ import pytest
 from models.backtest import Backtest
 from models.baselines import EWMA, LastWindow
 from models.persistence import load_model, save_model
-from models.selection import tier_rankers
-from models.tiered import TieredRanking
+from models.selection import SHARE_TOLERANCE
+from models.tiered import TieredRanking, tier_rankers
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 from tests.unit.models.series import counts_from_matrix
@@ -107,9 +107,12 @@ def _shares(shares: dict[str, list[float]]) -> Backtest:
 def test_a_tier_goes_to_the_simplest_ranker_within_the_tolerance_of_the_best():
     scored = _shares({"last_window": [0.900, 0.700], "ewma": [0.903, 0.750],
                       "frequency": [0.950, 0.751]})  # fmt: skip
-    assert tier_rankers(scored, ["last_window", "ewma"], (5, 20)) == ("last_window", "ewma")
+    assert tier_rankers(scored, ["last_window", "ewma"], (5, 20), SHARE_TOLERANCE) == (
+        "last_window",
+        "ewma",
+    )
     names = ["last_window", "ewma", "frequency"]
-    assert tier_rankers(scored, names, (5, 20)) == ("frequency", "ewma")
+    assert tier_rankers(scored, names, (5, 20), SHARE_TOLERANCE) == ("frequency", "ewma")
 
 
 def test_backtests_of_the_same_origins_join_in_place():
