@@ -12,13 +12,13 @@ uses (``metric="first_uses"``: what a warm-up after a restart saves), and the MA
 The baselines often disagree — one ranks the hottest few best, another the next hundreds, a
 third counts best — and then no single one of them holds against all three. So once the simple
 candidates are scored, the tiered rankings (:mod:`models.tiered`, :func:`with_tiered`) join
-them, scored on the same origins. When some simple candidates hold, they rank as the one the
-choice keeps of those; when none does, each item budget's top items are ranked by the simplest
-simple candidate as good as the best one at that budget (:func:`models.tiered.tier_rankers`)
-and the rest in the order of the one with the lowest MAE. ``tiered`` predicts those rankers'
-own counts, ``tiered_calibrated`` the median count that their scores saw next window on the
-latest history. A share depends only on the ranking, an MAE only on the counts, so these keep
-each baseline where it is best.
+them, scored on the same origins. They rank as the simple candidate the choice keeps; when none
+holds (and the backtest has the origins a learner needs: tiers are learned from it), each item
+budget's top items are ranked by the simplest simple candidate as good as the best one at that
+budget (:func:`models.tiered.tier_rankers`), the rest as by the one with the lowest MAE.
+``tiered`` predicts those rankers' own counts, ``tiered_calibrated`` the median count their
+scores saw next window on the latest history. A share depends only on the ranking, an MAE only
+on the counts, so these keep each baseline where it is best.
 
 The choice (:func:`choose`) generalises rather than chases the backtest's luck:
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,7 @@ from models.tiered import TieredRanking, tier_rankers
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 
-#: The tiered ranking candidates (:class:`models.tiered.TieredRanking`), simplest first: by name,
-#: whether their counts are calibrated (else: the rankers' own forecasts).
+#: The tiered rankings (:class:`models.tiered.TieredRanking`) by name: calibrated counts or not.
 TIERED = {"tiered": False, "tiered_calibrated": True}
 #: LightGBM objectives tried on every selection.
 OBJECTIVES = ("poisson", "tweedie", "median")
@@ -86,7 +86,7 @@ NOISE_SES = 1.0
 TIME_BUDGET_S = 30.0
 #: Refit blocks the backtest's span is cut into at most (each refits every candidate).
 MAX_REFITS = 8
-#: Origins learners must be judged on to compete at all.
+#: Origins learners (LightGBM, the tiers of the tiered rankings) must be judged on.
 MIN_LEARNING_ORIGINS = 6
 
 
@@ -163,16 +163,15 @@ def with_tiered(
     plan: BacktestPlan,
     selected: SelectedForecaster,
 ) -> tuple[dict[str, HotnessModel], Backtest]:
-    """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
-    same origins and placed after the simple candidates. When simple candidates hold against
-    the best baseline, the tiered rankings rank as the one :func:`choose` keeps of them (only
-    their counts differ); when none does, the tiers come from ``scored``
-    (:func:`models.tiered.tier_rankers`), the rest in the order of the lowest MAE's."""
+    """The candidates and their backtest with the tiered rankings (:data:`TIERED`), scored on the
+    same origins, after the simple candidates: ranking as the one :func:`choose` keeps of the
+    simple ones (in tiers, :func:`models.tiered.tier_rankers`, when none holds and the backtest
+    has the origins a learner needs; the rest then in the order of the lowest MAE's)."""
     simple = [name for name in models if name in simple_models(selected.daily_)]
     budgets = tuple(selected.budgets)
     holding = [name for name in simple if shortfall(scored, name) <= 1.0]
-    if holding:
-        rest = simplest_unbeaten(scored, holding)
+    if holding or len(scored.origins) < MIN_LEARNING_ORIGINS:  # tiers are learned, too
+        rest = simplest_unbeaten(scored, holding or [min(simple, key=partial(shortfall, scored))])
         tiers = (rest,) * len(budgets)
     else:
         tiers = tier_rankers(scored, simple, budgets, SHARE_TOLERANCE)
