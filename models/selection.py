@@ -26,11 +26,11 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
    is below that budget's best baseline by more than half a point, or whose MAE is above the
    lowest baseline MAE by more than 1% (:func:`shortfall`); when every candidate does, the one
    nearest to holding wins;
-2. of the others, the simplest (the order of :func:`candidate_models`, the tiered rankings
-   after the blends) is kept unless a more complex one is better by more than the backtest's
-   own noise — one standard error of their paired difference across origins (the
-   one-standard-error rule) — at some budget or in MAE, and worse by more than it nowhere
-   (:func:`beats`).
+2. of the others, the simplest (the order of :func:`candidate_models`; the tiered rankings
+   last: their tiers come from the same origins) is kept unless a later one is better by more
+   than the backtest's own noise — one standard error of their paired difference across
+   origins (the one-standard-error rule) — at some budget or in MAE, and worse by more than it
+   nowhere (:func:`beats`).
 
 The winner is then fitted on the whole history and does the predicting; the backtest table and
 the winner's margin over the best baseline go with it into the saved model's metadata
@@ -96,8 +96,8 @@ def candidate_models(
     """Fresh candidates by name, simplest first: baselines, blends, the day-aware ones
     (``daily``: with a day of history; before it they equal the last window and the EWMA),
     and (``learning``) LightGBM with each objective and the ``median`` one blended with the
-    moving average (one training serves both). The tiered ranking joins after the blends once
-    they are scored (:func:`with_tiered`)."""
+    moving average (one training serves both). The tiered rankings join last, once these are
+    scored (:func:`with_tiered`)."""
     models = simple_models(daily)
     if learning:
         from models.forecaster import HotnessForecaster  # lightgbm: import only when it competes
@@ -163,10 +163,10 @@ def with_tiered(
     plan: BacktestPlan,
     selected: SelectedForecaster,
 ) -> tuple[dict[str, HotnessModel], Backtest]:
-    """The candidates and their backtest with the tiered rankings (:data:`TIERED`), scored on the
-    same origins, after the simple candidates: ranking as the one :func:`choose` keeps of the
-    simple ones (in tiers, :func:`models.tiered.tier_rankers`, when none holds and the backtest
-    has the origins a learner needs; the rest then in the order of the lowest MAE's)."""
+    """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
+    same origins, last: ranking as the one :func:`choose` keeps of the simple ones (in tiers,
+    :func:`models.tiered.tier_rankers`, when none holds and the backtest has the origins a
+    learner needs; the rest then in the order of the lowest MAE's)."""
     simple = [name for name in models if name in simple_models(selected.daily_)]
     budgets = tuple(selected.budgets)
     holding = [name for name in simple if shortfall(scored, name) <= 1.0]
@@ -182,9 +182,7 @@ def with_tiered(
     same_span = replace(plan, first_t=int(scored.origins[0]))
     alone = run_backtest(matrix, tiered, same_span, budgets, tuple(selected.budget_tokens),
                          selected.horizon, selected.metric)  # fmt: skip
-    at = len(simple)
-    names = [*list(models)[:at], *tiered, *list(models)[at:]]
-    return {name: {**models, **tiered}[name] for name in names}, scored.joined(alone, at)
+    return {**models, **tiered}, scored.joined(alone, len(models))
 
 
 def backtest_table(backtest: Backtest, kinds: dict[str, str]) -> pd.DataFrame:
