@@ -41,7 +41,7 @@ With too little history for LightGBM to learn from (fewer than ``min_learning_wi
 before the first origin, or too few origins after them) only the baselines, blends and tiered
 rankings compete, and the report says so. The tiered rankings need item budgets (token budgets
 alone: they do not compete) and add their own backtest on the same origins to the time budget's
-(simple models only: a few seconds on Mooncake's 1-minute windows).
+(simple models only, outside the time budget).
 """
 
 from __future__ import annotations
