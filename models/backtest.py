@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -105,6 +105,20 @@ class Backtest:
         origins (infinite with one origin: nothing to tell noise from)."""
         diff = self.captured[self.models.index(a)] - self.captured[self.models.index(b)]
         return _standard_error(diff) / np.maximum(self.oracle.sum(axis=1), 1e-12)
+
+    def joined(self, other: Backtest, at: int) -> Backtest:
+        """This backtest with ``other``'s candidates (scored on the same origins and budgets)
+        placed at position ``at``."""
+        if not np.array_equal(self.origins, other.origins) or self.budgets != other.budgets:
+            raise ValueError("backtests of different origins or budgets cannot be joined")
+
+        def insert(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+            return np.concatenate([mine[:at], theirs, mine[at:]])
+
+        models = (*self.models[:at], *other.models, *self.models[at:])
+        return replace(self, models=models, captured=insert(self.captured, other.captured),
+                       abs_error=insert(self.abs_error, other.abs_error),
+                       seconds=self.seconds + other.seconds)  # fmt: skip
 
     def mae_noise(self, a: str, b: str) -> float:
         """Standard error of ``mae(a) - mae(b)`` from its spread across origins."""

@@ -299,3 +299,22 @@ def baselines() -> dict[str, HotnessModel]:
         SeasonalNaive(),
     ]
     return {model.name: model for model in models}
+
+
+def simple_models(daily: bool = True) -> dict[str, HotnessModel]:
+    """The baselines and their blends by name, simplest first, as the selection scores them;
+    ``daily``: with the day-aware ones (before a day of history they equal the last window and
+    the EWMA)."""
+    models: dict[str, HotnessModel] = {
+        "last_window": LastWindow(),
+        "moving_average": MovingAverage(),
+        "ewma": EWMA(),
+        "frequency": FrequencyEstimate(),
+        "recency_blend": RecencyBlend(weight=0.7),
+        "recency_blend_0.9": RecencyBlend(weight=0.9),
+    }
+    if daily:
+        models["seasonal_naive"] = SeasonalNaive()
+        models["daily_blend"] = DailyBlend(weight=0.5, days=1)
+        models["daily_blend_week"] = DailyBlend(weight=0.5, days=7)
+    return models

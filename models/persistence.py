@@ -241,10 +241,11 @@ def model_classes() -> dict[str, type]:
     )
     from models.forecaster import HotnessForecaster
     from models.profiles import WorkloadProfiler
+    from models.tiered import TieredRanking
     from models.topics import TopicModel
 
     classes = (LastWindow, MovingAverage, EWMA, SeasonalNaive, RecencyBlend, DailyBlend,
-               HotnessForecaster, WorkloadProfiler, TopicModel)  # fmt: skip
+               TieredRanking, HotnessForecaster, WorkloadProfiler, TopicModel)  # fmt: skip
     return {cls.name: cls for cls in classes}
 
 

@@ -1,24 +1,36 @@
 """Choosing the hotness model by backtest, so the one in use never loses to a baseline.
 
-On every fit, :class:`SelectedForecaster` scores candidates — the baselines, blends of them, and
-LightGBM with each of its objectives — by a rolling-origin backtest (:mod:`models.backtest`):
-every history end of the backtest is an origin, each candidate (refitted every few origins)
-predicts the window after it, and the span reaches back over as much of the history as the time
-budget allows. The score is what the planner cares about, at every budget the plans use: the
-captured share of the history oracle (:mod:`pipeline.evaluation`), in requests
-(``metric="requests"``, what a warm cache serves window after window) or in first uses
-(``metric="first_uses"``: what a warm-up after a restart saves), and the MAE.
+On every fit, :class:`SelectedForecaster` scores candidates — the baselines, blends of them, the
+tiered rankings, and LightGBM with each of its objectives — by a rolling-origin backtest
+(:mod:`models.backtest`): every history end of the backtest is an origin, each candidate
+(refitted every few origins) predicts the window after it, and the span reaches back over as
+much of the history as the time budget allows. The score is what the planner cares about, at
+every budget the plans use: the captured share of the history oracle (:mod:`pipeline.evaluation`),
+in requests (``metric="requests"``, what a warm cache serves window after window) or in first
+uses (``metric="first_uses"``: what a warm-up after a restart saves), and the MAE.
+
+The baselines often disagree — one ranks the hottest few best, another the next hundreds, a
+third counts best — and then no single one of them holds against all three. So once the simple
+candidates are scored, the tiered rankings (:mod:`models.tiered`, :func:`with_tiered`) join
+them, scored on the same origins. They rank as the simple candidate the choice keeps; when none
+holds (and the backtest has the origins a learner needs: tiers are learned from it), each item
+budget's top items are ranked by the simplest simple candidate as good as the best one at that
+budget (:func:`models.tiered.tier_rankers`), the rest as by the one with the lowest MAE.
+``tiered`` predicts those rankers' own counts, ``tiered_calibrated`` the median count their
+scores saw next window on the latest history. A share depends only on the ranking, an MAE only
+on the counts, so these keep each baseline where it is best.
 
 The choice (:func:`choose`) generalises rather than chases the backtest's luck:
 
 1. a candidate that loses to the best baseline is never chosen: one whose share at some budget
    is below that budget's best baseline by more than half a point, or whose MAE is above the
-   lowest baseline MAE by more than 1% (:func:`shortfall`); when every candidate does (the
-   baselines disagree: one ranks best, another counts best), the one nearest to holding wins;
-2. of the others, the simplest (the order of :func:`candidate_models`) is kept unless a more
-   complex one is better by more than the backtest's own noise — one standard error of their
-   paired difference across origins (the one-standard-error rule) — at some budget or in MAE,
-   and worse by more than it nowhere (:func:`beats`).
+   lowest baseline MAE by more than 1% (:func:`shortfall`); when every candidate does, the one
+   nearest to holding wins;
+2. of the others, the simplest (the order of :func:`candidate_models`; the tiered rankings
+   last: their tiers come from the same origins) is kept unless a later one is better by more
+   than the backtest's own noise — one standard error of their paired difference across
+   origins (the one-standard-error rule) — at some budget or in MAE, and worse by more than it
+   nowhere (:func:`beats`).
 
 The winner is then fitted on the whole history and does the predicting; the backtest table and
 the winner's margin over the best baseline go with it into the saved model's metadata
@@ -26,38 +38,33 @@ the winner's margin over the best baseline go with it into the saved model's met
 (:func:`load_selected`, :func:`saved_selection`).
 
 With too little history for LightGBM to learn from (fewer than ``min_learning_windows`` windows
-before the first origin, or too few origins after them) only the baselines and blends compete,
-and the report says so.
+before the first origin, or too few origins after them) only the baselines, blends and tiered
+rankings compete, and the report says so. The tiered rankings need item budgets (token budgets
+alone: they do not compete) and add their own backtest on the same origins to the time budget's
+(simple models only, outside the time budget).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from models.backtest import METRIC_COLUMNS, Backtest, plan_backtest, run_backtest
-from models.baselines import (
-    EWMA,
-    DailyBlend,
-    FrequencyEstimate,
-    HotnessModel,
-    LastWindow,
-    MovingAverage,
-    RecencyBlend,
-    SeasonalNaive,
-    _until,
-    baselines,
-)
+from models.backtest import METRIC_COLUMNS, Backtest, BacktestPlan, plan_backtest, run_backtest
+from models.baselines import HotnessModel, _until, baselines, simple_models
 from models.features import FEATURE_NAMES, windows_per_day
 from models.persistence import ModelState, load_model, read_saved
+from models.tiered import TieredRanking, tier_rankers
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
 
+#: The tiered rankings (:class:`models.tiered.TieredRanking`) by name: calibrated counts or not.
+TIERED = {"tiered": False, "tiered_calibrated": True}
 #: LightGBM objectives tried on every selection.
 OBJECTIVES = ("poisson", "tweedie", "median")
 #: The moving average's share in the blend candidate (LightGBM ``median`` and the average).
@@ -79,7 +86,7 @@ NOISE_SES = 1.0
 TIME_BUDGET_S = 30.0
 #: Refit blocks the backtest's span is cut into at most (each refits every candidate).
 MAX_REFITS = 8
-#: Origins learners must be judged on to compete at all.
+#: Origins learners (LightGBM, the tiers of the tiered rankings) must be judged on.
 MIN_LEARNING_ORIGINS = 6
 
 
@@ -89,19 +96,9 @@ def candidate_models(
     """Fresh candidates by name, simplest first: baselines, blends, the day-aware ones
     (``daily``: with a day of history; before it they equal the last window and the EWMA),
     and (``learning``) LightGBM with each objective and the ``median`` one blended with the
-    moving average (one training serves both)."""
-    models: dict[str, HotnessModel] = {
-        "last_window": LastWindow(),
-        "moving_average": MovingAverage(),
-        "ewma": EWMA(),
-        "frequency": FrequencyEstimate(),
-        "recency_blend": RecencyBlend(weight=0.7),
-        "recency_blend_0.9": RecencyBlend(weight=0.9),
-    }
-    if daily:
-        models["seasonal_naive"] = SeasonalNaive()
-        models["daily_blend"] = DailyBlend(weight=0.5, days=1)
-        models["daily_blend_week"] = DailyBlend(weight=0.5, days=7)
+    moving average (one training serves both). The tiered rankings join last, once these are
+    scored (:func:`with_tiered`)."""
+    models = simple_models(daily)
     if learning:
         from models.forecaster import HotnessForecaster  # lightgbm: import only when it competes
 
@@ -147,11 +144,45 @@ def choose(backtest: Backtest) -> str:
     eligible = [name for name, s in shortfalls.items() if s <= 1.0]
     if not eligible:  # nothing holds: the nearest to the best baseline
         eligible = [min(shortfalls, key=shortfalls.__getitem__)]
-    winner = eligible[0]
-    for challenger in eligible[1:]:
+    return simplest_unbeaten(backtest, eligible)
+
+
+def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
+    """Of ``names`` (simplest first), the simplest one no later one beats by more than noise."""
+    winner = names[0]
+    for challenger in names[1:]:
         if beats(backtest, challenger, winner):
             winner = challenger
     return winner
+
+
+def with_tiered(
+    matrix: CountMatrix,
+    models: dict[str, HotnessModel],
+    scored: Backtest,
+    plan: BacktestPlan,
+    selected: SelectedForecaster,
+) -> tuple[dict[str, HotnessModel], Backtest]:
+    """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
+    same origins, last: ranking as the one :func:`choose` keeps of the simple ones (in tiers,
+    :func:`models.tiered.tier_rankers`, when none holds and the backtest has the origins a
+    learner needs; the rest then in the order of the lowest MAE's)."""
+    simple = [name for name in models if name in simple_models(selected.daily_)]
+    budgets = tuple(selected.budgets)
+    holding = [name for name in simple if shortfall(scored, name) <= 1.0]
+    if holding or len(scored.origins) < MIN_LEARNING_ORIGINS:  # tiers are learned, too
+        rest = simplest_unbeaten(scored, holding or [min(simple, key=partial(shortfall, scored))])
+        tiers = (rest,) * len(budgets)
+    else:
+        tiers = tier_rankers(scored, simple, budgets, SHARE_TOLERANCE)
+        rest = min(simple, key=scored.mae)
+    tiered = {name: TieredRanking(budgets, tiers, rest, calibrated, daily=selected.daily_,
+                                  horizon=selected.horizon)
+              for name, calibrated in TIERED.items()}  # fmt: skip
+    same_span = replace(plan, first_t=int(scored.origins[0]))
+    alone = run_backtest(matrix, tiered, same_span, budgets, tuple(selected.budget_tokens),
+                         selected.horizon, selected.metric)  # fmt: skip
+    return {**models, **tiered}, scored.joined(alone, len(models))
 
 
 def backtest_table(backtest: Backtest, kinds: dict[str, str]) -> pd.DataFrame:
@@ -237,10 +268,13 @@ class SelectedForecaster(HotnessModel):
             )
         period = windows_per_day(matrix.window)
         daily = period is not None and plan.first_t + self.horizon > period
+        self.daily_ = daily
         models = candidate_models(plan.learning, self.horizon, daily)
         scored = run_backtest(matrix, models, plan, tuple(self.budgets),
                               tuple(self.budget_tokens), self.horizon, self.metric,
                               self.time_budget_s)  # fmt: skip
+        if self.budgets:
+            models, scored = with_tiered(matrix, models, scored, plan, self)
         self.winner_name_ = choose(scored)
         self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
         self.margin_ = margin(scored, self.winner_name_)
@@ -300,12 +334,12 @@ def _finite(value: float) -> float | None:
 
 def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
     if learning:
-        return "baselines, blends and LightGBM compared"
+        return "baselines, blends, tiered rankings and LightGBM compared"
     if not wanted:
-        return "baselines and blends only (LightGBM not asked for)"
+        return "baselines, blends and tiered rankings only (LightGBM not asked for)"
     return (
-        f"baselines and blends only: {history} window(s) of history, too few for LightGBM "
-        f"(it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
+        f"baselines, blends and tiered rankings only: {history} window(s) of history, too few for "
+        f"LightGBM (it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
     )
 
 

@@ -2,10 +2,10 @@
 
 ``prewarm.model.retrain(counts_path=None, name="hotness", data_dir=None, kind=None,
 budget=None, engine=None)`` selects the hotness model on a counts table by backtest:
-:class:`models.selection.SelectedForecaster` scores the baselines, blends and LightGBM's
-objectives on the latest windows at the plan's item budget (``budget``, default the settings'
-``budget.max_items``), and the winner is saved as a new version with its backtest table in the
-metadata. The input is named, never guessed: ``engine`` reads that engine's observations
+:class:`models.selection.SelectedForecaster` scores the baselines, blends, tiered rankings and
+LightGBM's objectives on the latest windows at the plan's item budget (``budget``, default the
+settings' ``budget.max_items``), and the winner is saved as a new version with its backtest table
+in the metadata. The input is named, never guessed: ``engine`` reads that engine's observations
 (``<data_dir>/observations/<engine>/counts.parquet``, written by the warm-up loop) and saves
 under ``<data_dir>/models/<engine>/<name>``, where the loop's planner loads it; ``counts_path``
 names any counts table (an ingest's ``counts.parquet`` or ``windows.parquet``), saved under
