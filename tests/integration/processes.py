@@ -1,6 +1,6 @@
 """Helpers for tests that run prewarm's own commands as processes: the installed command,
-waiting for a server, pacing traffic by the loop's windows and waiting for the loop's own
-warm-ups. (Ports and worker processes: :mod:`jobs.embedded`.)"""
+waiting for a server or a condition, pacing traffic by the loop's windows and waiting for the
+loop's own warm-ups. (Ports and worker processes: :mod:`jobs.embedded`.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -33,6 +34,17 @@ def wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> 
             assert proc.poll() is None, f"process exited with {proc.returncode}"
             assert time.monotonic() < deadline, f"{url} did not answer in {timeout_s}s"
             time.sleep(0.2)
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
+    """``check()`` once it is truthy; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
 
 
 def paced_windows(windows: int, window_s: float) -> Iterator[int]:
