@@ -234,6 +234,7 @@ def model_classes() -> dict[str, type]:
     from models.baselines import (
         EWMA,
         DailyBlend,
+        FrequencyEstimate,
         LastWindow,
         MovingAverage,
         RecencyBlend,
@@ -244,8 +245,9 @@ def model_classes() -> dict[str, type]:
     from models.tiered import TieredRanking
     from models.topics import TopicModel
 
-    classes = (LastWindow, MovingAverage, EWMA, SeasonalNaive, RecencyBlend, DailyBlend,
-               TieredRanking, HotnessForecaster, WorkloadProfiler, TopicModel)  # fmt: skip
+    classes = (LastWindow, MovingAverage, EWMA, FrequencyEstimate, SeasonalNaive, RecencyBlend,
+               DailyBlend, TieredRanking, HotnessForecaster, WorkloadProfiler,
+               TopicModel)  # fmt: skip
     return {cls.name: cls for cls in classes}
 
 

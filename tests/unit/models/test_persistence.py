@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.baselines import EWMA, ModelNotFittedError
+from models.baselines import EWMA, ModelNotFittedError, simple_models
 from models.forecaster import HotnessForecaster
 from models.persistence import (
     ModelMismatchError,
@@ -77,6 +77,18 @@ def test_loading_another_kind_than_asked_is_refused(tmp_path, daily_counts):
     save_model(EWMA().fit(CountMatrix.from_counts(daily_counts)), tmp_path, "hotness")
     with pytest.raises(ModelMismatchError, match="kind"):
         load_model(tmp_path, "hotness", kind="lightgbm")
+
+
+@pytest.mark.parametrize("name", list(simple_models()))
+def test_every_simple_candidate_the_selection_may_keep_loads_back(tmp_path, daily_counts, name):
+    matrix = CountMatrix.from_counts(daily_counts)
+    model = simple_models()[name].fit(matrix)
+    save_model(model, tmp_path, "hotness")
+    loaded = load_model(tmp_path, "hotness")
+    assert type(loaded) is type(model) and loaded.get_params() == model.get_params()
+    items, t = np.arange(matrix.n_items), matrix.n_windows - 1
+    expected = model.predict_at(matrix, t, items)
+    np.testing.assert_allclose(loaded.predict_at(matrix, t, items), expected)
 
 
 def test_nothing_saved_and_unfitted_models_are_clear_errors(tmp_path):
