@@ -26,10 +26,11 @@ from starlette.routing import BaseRoute, Route
 
 from pipeline.errors import PrewarmError
 from tasks.adapters import telemetry
+from tasks.adapters.broker_queues import waiting_messages
 from tasks.adapters.connections import ping_redis, redacted
 from tasks.adapters.store import STORE_DOWN, probe_client
 from tasks.adapters.wal_store import ACTIVE
-from tasks.celery_app import QUEUES, queue_keys
+from tasks.celery_app import QUEUES
 from tasks.settings import Settings, current_settings
 
 SERVICE = "prewarm-api"
@@ -52,13 +53,7 @@ class QueueDepthCollector(Collector):
             "prewarm_queue_length", "Messages waiting in a Celery queue", labels=["queue"]
         )
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for queue in QUEUES:
-                    for key in queue_keys(queue):  # (one list per priority)
-                        pipe.llen(key)
-                lengths = iter(pipe.execute())
-            for queue in QUEUES:
-                waiting = sum(next(lengths) for _ in queue_keys(queue))
+            for queue, waiting in waiting_messages(self.client, QUEUES).items():
                 depth.add_metric([queue], float(waiting))
             up.add_metric(["broker"], 1.0)
         except STORE_DOWN:

@@ -13,6 +13,7 @@ from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu import Exchange, Queue
 
+from tasks.adapters.broker_queues import PRIORITY_SEP, PRIORITY_STEPS
 from tasks.settings import Settings, current_settings
 
 QUEUES = ("ingest", "model", "warm", "events")
@@ -20,18 +21,9 @@ QUEUES = ("ingest", "model", "warm", "events")
 #: (a replica that restarted, a router that forgot) goes ahead of the routine work queued on
 #: the same queue: on a fleet of many replicas the window ticks queue up on ``ingest`` every
 #: window, and a restarted replica's warm-up waited behind them.
+#: (The broker's priority steps and lists: :mod:`tasks.adapters.broker_queues`.)
 URGENT_PRIORITY, ROUTINE_PRIORITY = 0, 6
-PRIORITY_STEPS = [0, 3, 6, 9]
-#: a queue's messages of priority N > 0 wait in the Redis list ``<queue>:N``
-PRIORITY_SEP = ":"
 ROUTINE: dict[str, Any] = {"priority": ROUTINE_PRIORITY}
-
-
-def queue_keys(queue: str) -> list[str]:
-    """The Redis lists that hold ``queue``'s waiting messages, one per priority step: what its
-    length is summed over."""
-    return [queue, *(f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS[1:])]
-
 
 #: The one "warm now" task: (engine, reason or trigger kind), through the loop.
 WARM_NOW = "prewarm.loop.warm"

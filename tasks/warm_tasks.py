@@ -49,13 +49,14 @@ from celery import chain, chord, shared_task
 from pipeline.errors import TransientError
 from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import PlanReason
+from tasks.adapters.broker_queues import waiting_messages
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import STORE_DOWN, broker_client, store_client
 from tasks.adapters.targets.base import WarmOptions
 from tasks.adapters.telemetry import record_plan
 from tasks.adapters.wal_store import LeaseLost, WalStore
 from tasks.base import PrewarmTask
-from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app, queue_keys
+from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import fleet_settings
 from tasks.services.loop import Submit
@@ -184,7 +185,7 @@ def resumer(settings: Settings) -> PlanResumer:
         PlanStore(store),
         WalStore(store, settings.wal_lease_s),
         dispatch,
-        waiting=lambda queue: sum(int(broker.llen(key)) for key in queue_keys(queue)),
+        waiting=lambda queue: waiting_messages(broker, [queue])[queue],
         stall_s=settings.wal_lease_s,
     )
 

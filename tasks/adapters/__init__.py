@@ -11,6 +11,7 @@ loop's claims and Lua scripts (:mod:`.loop_state`), replica and detector state
 :mod:`.engine_tokens`), the template serving store (:mod:`.template_serving`), the telemetry
 writer (:mod:`.telemetry`), observation and source files (:mod:`.observations`, :mod:`.sources`,
 :mod:`.kv_state`), the warm-up targets (:mod:`.targets`), periodic-task health
-(:mod:`.task_health`) and the one registry of Redis key names (:mod:`.redis_keys`). The services
+(:mod:`.task_health`), the broker's queue lists and lengths (:mod:`.broker_queues`) and the one
+registry of Redis key names (:mod:`.redis_keys`). The services
 take these as arguments; the Celery tasks call the services.
 """

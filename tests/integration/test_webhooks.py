@@ -15,7 +15,7 @@ import redis
 
 from jobs.embedded import serve_app
 from jobs.webhooks import webhook_app
-from tasks.celery_app import queue_keys
+from tasks.adapters.broker_queues import queue_keys
 from tasks.repo_tasks import queue_repo_changed
 from tasks.settings import Settings, TemplateRepoSettings
 

@@ -24,7 +24,8 @@ def test_a_routed_task_lands_in_its_own_queue_only(store_url, store):
     """Each queue has its own binding: nothing is copied into the other queues."""
     from celery import Celery
 
-    from tasks.celery_app import QUEUES, celery_config, queue_keys
+    from tasks.adapters.broker_queues import queue_keys
+    from tasks.celery_app import QUEUES, celery_config
     from tasks.settings import load_settings
 
     client_app = Celery("route-check")
