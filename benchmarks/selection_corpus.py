@@ -85,10 +85,13 @@ def shortfalls(rows: pd.DataFrame) -> list[str]:
 
 
 def seeds(text: str) -> list[int]:
-    """``9-20`` or ``0,3,5`` (or both, comma-separated) as a list of seeds."""
+    """``9-20`` or ``0,3,5`` (or both, comma-separated) as a list of seeds; a range that is
+    empty or half written is a ``ValueError`` (argparse: a usage error)."""
     out: list[int] = []
     for part in text.split(","):
-        first, _, last = part.partition("-")
+        first, dash, last = part.partition("-")
+        if dash and (not last or int(last) < int(first)):
+            raise ValueError(f"{part!r} is not a range of seeds (e.g. 9-20)")
         out.extend(range(int(first), int(last or first) + 1))
     return out
 
