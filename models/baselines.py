@@ -302,13 +302,15 @@ def baselines() -> dict[str, HotnessModel]:
 
 
 def simple_models(daily: bool = True) -> dict[str, HotnessModel]:
-    """The baselines and their blends by name, simplest first, as the selection scores them;
-    ``daily``: with the day-aware ones (before a day of history they equal the last window and
-    the EWMA)."""
+    """The baselines, a slower EWMA (``ewma_slow``: a conversation's blocks come back minutes
+    apart, over several 1-minute windows) and the blends by name, simplest first, as the
+    selection scores them; ``daily``: with the day-aware ones (before a day of history they
+    equal the last window and the EWMA)."""
     models: dict[str, HotnessModel] = {
         "last_window": LastWindow(),
         "moving_average": MovingAverage(),
         "ewma": EWMA(),
+        "ewma_slow": EWMA(0.15),
         "frequency": FrequencyEstimate(),
         "recency_blend": RecencyBlend(weight=0.7),
         "recency_blend_0.9": RecencyBlend(weight=0.9),

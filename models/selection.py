@@ -12,10 +12,14 @@ uses (``metric="first_uses"``: what a warm-up after a restart saves), and the MA
 The baselines often disagree — one ranks the hottest few best, another the next hundreds, a
 third counts best — and then no single one of them holds against all three. So once the simple
 candidates are scored, the tiered rankings (:mod:`models.tiered`, :func:`with_tiered`) join
-them, scored on the same origins. They rank as the simple candidate the choice keeps; when none
-holds (and the backtest has the origins a learner needs: tiers are learned from it), each item
-budget's top items are ranked by the simplest simple candidate as good as the best one at that
-budget (:func:`models.tiered.tier_rankers`), the rest as by the one with the lowest MAE.
+them, scored on the same origins. Where the history is long enough for LightGBM, the simple
+candidates are backtested once more from :data:`FIRST_TIER_ORIGIN` on (more origins than
+LightGBM's span: less noise), and each item budget's top items are ranked by the simplest
+simple candidate within one standard error of the best one at that budget there (the
+one-standard-error rule, :func:`models.tiered.tier_rankers`), the rest as by the one with the
+lowest MAE. With a shorter history they rank as the simple candidate the choice keeps; when
+none holds (and the backtest has the origins a learner needs: tiers are learned from it), in
+tiers by the simplest candidate within half a point of the best one.
 ``tiered`` predicts those rankers' own counts, ``tiered_calibrated`` the median count their
 scores saw next window on the latest history. A share depends only on the ranking, an MAE only
 on the counts, so these keep each baseline where it is best.
@@ -88,6 +92,9 @@ TIME_BUDGET_S = 30.0
 MAX_REFITS = 8
 #: Origins learners (LightGBM, the tiers of the tiered rankings) must be judged on.
 MIN_LEARNING_ORIGINS = 6
+#: The first origin the tiers' rankers are judged from (six windows of history: the moving
+#: average's span), even where LightGBM's backtest starts later: more origins, less noise.
+FIRST_TIER_ORIGIN = 5
 
 
 def candidate_models(
@@ -162,15 +169,21 @@ def with_tiered(
     scored: Backtest,
     plan: BacktestPlan,
     selected: SelectedForecaster,
+    rankers: Backtest | None = None,
 ) -> tuple[dict[str, HotnessModel], Backtest]:
     """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
-    same origins, last: ranking as the one :func:`choose` keeps of the simple ones (in tiers,
-    :func:`models.tiered.tier_rankers`, when none holds and the backtest has the origins a
-    learner needs; the rest then in the order of the lowest MAE's)."""
+    same origins, last. ``rankers`` (the simple candidates' backtest over a wider span, where
+    learners compete): each budget's tier ranked by the simplest of them within one standard
+    error of the best at that budget, the rest by the lowest MAE's. Without it: ranking as the
+    one :func:`choose` keeps of the simple ones (in tiers, :func:`models.tiered.tier_rankers`,
+    when none holds and the backtest has the origins a learner needs)."""
     simple = [name for name in models if name in simple_models(selected.daily_)]
     budgets = tuple(selected.budgets)
     holding = [name for name in simple if shortfall(scored, name) <= 1.0]
-    if holding or len(scored.origins) < MIN_LEARNING_ORIGINS:  # tiers are learned, too
+    if rankers is not None:  # the history learners need: each tier by its own ranker
+        tiers = tier_rankers(rankers, simple, budgets, 0.0, NOISE_SES)
+        rest = min(simple, key=rankers.mae)
+    elif holding or len(scored.origins) < MIN_LEARNING_ORIGINS:  # tiers are learned, too
         rest = simplest_unbeaten(scored, holding or [min(simple, key=partial(shortfall, scored))])
         tiers = (rest,) * len(budgets)
     else:
@@ -274,7 +287,8 @@ class SelectedForecaster(HotnessModel):
                               tuple(self.budget_tokens), self.horizon, self.metric,
                               self.time_budget_s)  # fmt: skip
         if self.budgets:
-            models, scored = with_tiered(matrix, models, scored, plan, self)
+            rankers = self._rankers_backtest(matrix, models, plan) if plan.learning else None
+            models, scored = with_tiered(matrix, models, scored, plan, self, rankers)
         self.winner_name_ = choose(scored)
         self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
         self.margin_ = margin(scored, self.winner_name_)
@@ -286,6 +300,17 @@ class SelectedForecaster(HotnessModel):
         self.window_ = matrix.window
         self.trained_until_ = matrix.window_start(end)
         return self
+
+    def _rankers_backtest(
+        self, matrix: CountMatrix, models: dict[str, HotnessModel], plan: BacktestPlan
+    ) -> Backtest:
+        """The simple candidates' backtest from :data:`FIRST_TIER_ORIGIN` on (the learners'
+        starts later): what the tiers' rankers are chosen by."""
+        simple = {name: model for name, model in models.items()
+                  if name in simple_models(self.daily_)}  # fmt: skip
+        wide = replace(plan, first_t=min(plan.first_t, FIRST_TIER_ORIGIN))
+        return run_backtest(matrix, simple, wide, tuple(self.budgets), tuple(self.budget_tokens),
+                            self.horizon, self.metric, self.time_budget_s)  # fmt: skip
 
     def _predict(
         self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1

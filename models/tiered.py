@@ -120,17 +120,24 @@ class TieredRanking(HotnessModel):
 
 
 def tier_rankers(
-    backtest: Backtest, names: list[str], budgets: tuple[int, ...], tolerance: float
+    backtest: Backtest,
+    names: list[str],
+    budgets: tuple[int, ...],
+    tolerance: float,
+    noise_ses: float = 0.0,
 ) -> tuple[str, ...]:
     """The ranker of each item budget's tier: of the simple candidates ``names`` (simplest
     first), the simplest whose backtest share at that budget is within ``tolerance`` of the
-    best one's."""
+    best one's, or (``noise_ses``) within that many standard errors of their paired
+    difference across origins: the one-standard-error rule."""
     tiers = []
     for budget in budgets:
         i = backtest.budgets.index(f"{budget} items")
         shares = {name: float(backtest.share(name)[i]) for name in names}
-        best = max(shares.values())
-        tiers.append(next(name for name in names if shares[name] >= best - tolerance))
+        best = max(shares, key=shares.__getitem__)
+        slack = {name: max(tolerance, noise_ses * float(backtest.share_noise(name, best)[i]))
+                 if noise_ses and name != best else tolerance for name in names}  # fmt: skip
+        tiers.append(next(name for name in names if shares[name] >= shares[best] - slack[name]))
     return tuple(tiers)
 
 

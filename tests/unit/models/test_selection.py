@@ -8,17 +8,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.backtest import Backtest
-from models.baselines import baselines
+from models.backtest import Backtest, BacktestPlan, run_backtest
+from models.baselines import baselines, simple_models
 from models.features import FEATURE_NAMES, features_at
 from models.persistence import save_model
 from models.selection import (
+    FIRST_TIER_ORIGIN,
     SelectedForecaster,
     choose,
     load_selected,
     saved_selection,
     selection_metadata,
     shortfall,
+    with_tiered,
 )
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
@@ -238,3 +240,40 @@ def test_the_planner_uses_the_saved_winner_and_names_it(tmp_path):
     predicted, note = found
     assert note == f"saved, winner={selected.winner_name_}"
     assert len(predicted) == matrix.n_items
+
+
+def _budget_shares(names: list[str], per_origin: dict[tuple[str, int], list[float]]) -> Backtest:
+    """A backtest of ``names`` at budgets 4 and 8 items over three origins, each with an oracle
+    of 1: every name captures 0.5 at each origin, but ``per_origin[name, budget]``."""
+    captured = np.array([[per_origin.get((name, b), [0.5] * 3) for b in (4, 8)] for name in names])
+    return Backtest(models=tuple(names), budgets=("4 items", "8 items"), origins=np.arange(3),
+                    captured=captured, oracle=np.ones((2, 3)),
+                    abs_error=np.ones((len(names), 3)), n_scored=np.ones(3),
+                    seconds=0.0)  # fmt: skip
+
+
+def test_with_learners_each_tier_is_ranked_by_its_best_simple_candidate_over_the_wider_span(
+    moving,
+):
+    selected = SelectedForecaster((4, 8))
+    selected.daily_ = False
+    models = simple_models(daily=False)
+    plan = BacktestPlan(first_t=11, last_t=40, refit_every=10, learning=True)
+    wide = selected._rankers_backtest(moving, models, plan)
+    assert wide.origins[0] == FIRST_TIER_ORIGIN and wide.origins[-1] == plan.last_t
+    assert set(wide.models) == set(models)
+    scored = run_backtest(moving, models, plan, (4, 8))
+    # Ahead of every simpler one at every origin: each budget's best ranks its tier.
+    best = {("moving_average", 4): [0.6] * 3, ("ewma_slow", 8): [0.6] * 3}
+    tiers = with_tiered(moving, models, scored, plan, selected, _budget_shares([*models], best))
+    assert tiers[0]["tiered"].tiers == ("moving_average", "ewma_slow")
+    assert tiers[1].models[-2:] == ("tiered", "tiered_calibrated")
+    assert list(tiers[1].origins) == list(scored.origins)
+    # A simpler one behind on the mean by less than the noise (one standard error of the paired
+    # difference across origins): it ranks the tier.
+    noisy = {**best, ("last_window", 8): [0.2, 1.0, 0.55]}
+    tiers = with_tiered(moving, models, scored, plan, selected, _budget_shares([*models], noisy))
+    assert tiers[0]["tiered"].tiers == ("moving_average", "last_window")
+    # Without it (a short history): one ranker for every tier, the one the choice keeps.
+    tiers = with_tiered(moving, models, scored, plan, selected)
+    assert len(set(tiers[0]["tiered"].tiers)) == 1

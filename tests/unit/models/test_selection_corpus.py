@@ -1,15 +1,16 @@
-"""The selection generalises: on every trace of a generated corpus of the Mooncake class, the
-model the backtest selects (before each refit, from the history up to it) holds against the
-best baseline on the windows after it — share of the history oracle at least the best
-baseline's minus one point at every budget, MAE at most 2% above the lowest baseline MAE
-(``python benchmarks/selection_corpus.py`` runs the same on any seeds)."""
+"""The selection generalises: on traces of the generated shared-heads corpus, the model the
+backtest selects (before each refit, from the history up to it) holds against the best baseline
+on the windows after it — share of the history oracle at least the best baseline's minus one
+point at every budget, MAE at most 2% above the lowest baseline MAE
+(``python benchmarks/selection_corpus.py --regime heads`` runs the same on any seeds, and
+``--regime conversations`` on the public trace's class)."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.block_traces import TraceShape, trace_counts
-from benchmarks.selection_corpus import held_out, shortfalls
+from benchmarks.selection_corpus import BUDGETS, held_out, shortfalls
 
 #: The default suite's traces: one of the fast shape (two selections: a few seconds) and the
 #: first of the bigger corpus (nine selections: ~20 s); the rest of that corpus with ``-m slow``.
@@ -19,7 +20,7 @@ SLOW_SEEDS = tuple(range(2, 9))
 
 
 def assert_holds(counts, refit_every: int, seed: int) -> None:
-    rows, winners = held_out(counts, refit_every)
+    rows, winners = held_out(counts, refit_every, BUDGETS["heads"])
     print(f"trace {seed}:", winners, rows.to_dict(orient="records"))  # shown with -s: margins
     assert not shortfalls(rows), f"trace {seed} (winners {winners}):\n{rows}"
 

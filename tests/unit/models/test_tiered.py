@@ -125,3 +125,21 @@ def test_backtests_of_the_same_origins_join_in_place():
     later = Backtest(**{**vars(second), "origins": np.arange(1) + 1})
     with pytest.raises(ValueError, match="different origins"):
         first.joined(later, 1)
+
+
+def test_a_ranker_behind_the_best_by_less_than_the_noise_keeps_the_tier_when_simpler():
+    def backtest(last_window: list[float]) -> Backtest:
+        captured = np.array([[last_window, last_window], [[0.6] * 3, [0.6] * 3]])
+        return Backtest(models=("last_window", "ewma"), budgets=("5 items", "20 items"),
+                        origins=np.arange(3), captured=captured, oracle=np.ones((2, 3)),
+                        abs_error=np.ones((2, 3)), n_scored=np.ones(3),
+                        seconds=0.0)  # fmt: skip
+
+    names, budgets = ["last_window", "ewma"], (5, 20)
+    noisy, steady = backtest([0.2, 1.0, 0.45]), backtest([0.55] * 3)
+    # behind by 0.05 on the mean, all over the place across origins: within one standard error
+    assert tier_rankers(noisy, names, budgets, 0.0, 1.0) == ("last_window", "last_window")
+    # behind by 0.05 at every origin: no noise to hide in
+    assert tier_rankers(steady, names, budgets, 0.0, 1.0) == ("ewma", "ewma")
+    # without the rule, only the tolerance counts
+    assert tier_rankers(noisy, names, budgets, 0.0) == ("ewma", "ewma")
