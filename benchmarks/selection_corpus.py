@@ -37,6 +37,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.block_traces import ConversationShape, Shape, TraceShape, trace_counts
+from models.backtest import standard_error
 from models.baselines import baselines
 from models.selection import SelectedForecaster
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
@@ -91,14 +92,13 @@ def held_out(
 
 
 def gap_noise(steps: pd.DataFrame, model: str, baseline: str) -> float:
-    """Standard error of ``model``'s share minus ``baseline``'s over one budget's steps: the
-    spread of their window-by-window difference in captured requests, over the oracle's sum."""
+    """Standard error of ``model``'s share minus ``baseline``'s over one budget's steps, as the
+    backtest measures its own (:func:`models.backtest.standard_error`: infinite with one step):
+    the spread of their window-by-window difference in captured requests, over the oracle's."""
     captured = steps.pivot_table(index="t", columns="model", values="captured")
     difference = (captured[model] - captured[baseline]).to_numpy()
     oracle = float(steps.groupby("t")["history_oracle"].first().sum())
-    if len(difference) < 2 or oracle <= 0:
-        return math.nan
-    return float(math.sqrt(len(difference)) * difference.std(ddof=1) / oracle)
+    return float(standard_error(difference[None, :])[0]) / max(oracle, 1e-12)
 
 
 def shortfalls(rows: pd.DataFrame) -> list[str]:

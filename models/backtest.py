@@ -104,7 +104,7 @@ class Backtest:
         """Standard error, per budget, of ``share(a) - share(b)`` from its spread across
         origins (infinite with one origin: nothing to tell noise from)."""
         diff = self.captured[self.models.index(a)] - self.captured[self.models.index(b)]
-        return _standard_error(diff) / np.maximum(self.oracle.sum(axis=1), 1e-12)
+        return standard_error(diff) / np.maximum(self.oracle.sum(axis=1), 1e-12)
 
     def joined(self, other: Backtest, at: int) -> Backtest:
         """This backtest with ``other``'s candidates (scored on the same origins and budgets)
@@ -123,10 +123,10 @@ class Backtest:
     def mae_noise(self, a: str, b: str) -> float:
         """Standard error of ``mae(a) - mae(b)`` from its spread across origins."""
         diff = self.abs_error[self.models.index(a)] - self.abs_error[self.models.index(b)]
-        return float(_standard_error(diff[None, :])[0] / max(float(self.n_scored.sum()), 1.0))
+        return float(standard_error(diff[None, :])[0] / max(float(self.n_scored.sum()), 1.0))
 
 
-def _standard_error(per_origin: np.ndarray) -> np.ndarray:
+def standard_error(per_origin: np.ndarray) -> np.ndarray:
     """Standard error of a sum over origins (last axis): sqrt(n) x the origins' spread."""
     n = per_origin.shape[-1]
     if n < 2:
