@@ -82,9 +82,13 @@ def worker(
 
 
 def beat() -> None:
-    """Run celery beat with prewarm's schedule; it records a heartbeat on every tick."""
+    """Run celery beat with prewarm's schedule; it records a heartbeat on every tick. A fleet
+    whose router answers with another kind's API is refused here, naming the field."""
+    from tasks.adapters.router_client import check_router_apis
+
     settings = current_settings()
     check_settings_redis(settings)
+    check_router_apis(settings.fleets)
     state_dir = Path(settings.data_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     celery_app.conf.beat_schedule = beat_schedule(settings)

@@ -28,6 +28,10 @@ def _outcome_line(label: str, outcome: dict[str, Any] | None) -> str:
         )
         if outcome.get("resumed"):
             text += f", resumed {outcome['resumed']}× after a worker died"
+        held = outcome.get("holdings")
+        if held:
+            text += (f"; after the plan: {held['held']} held where their users land, "
+                     f"{held['not_held']} not")  # fmt: skip
     if outcome.get("forecast"):
         text += f" ({outcome['forecast']})"
     return text
@@ -57,6 +61,10 @@ def _print(status: dict[str, Any], console: Console) -> None:
         console.print(f"  model: {engine['model'] or 'none saved (fitted or frequency)'}")
         console.print(_outcome_line("last tick", engine["last_tick"]))
         console.print(_outcome_line("last plan", engine["last_plan"]))
+        holds = engine.get("holds") or {}
+        if holds.get("items"):
+            console.print(f"  holds: {holds['items']} items found held after the plans that "
+                          "primed it")  # fmt: skip
         nxt = engine["next_tick_in_s"]
         console.print(f"  next tick: {'not scheduled' if nxt is None else f'in {nxt:.0f}s'}")
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from celery import chain, chord, shared_task
 
-from pipeline.errors import TransientError
+from pipeline.errors import PrewarmError, TransientError
 from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import PlanReason
 from tasks.adapters.broker_queues import waiting_messages
@@ -59,6 +59,7 @@ from tasks.base import PrewarmTask
 from tasks.celery_app import ROUTINE_PRIORITY, URGENT_PRIORITY, app
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import fleet_settings
+from tasks.services.holdings import check_plan_holdings
 from tasks.services.loop import Submit
 from tasks.services.recovery import PlanResumer
 from tasks.settings import Settings, current_settings
@@ -227,10 +228,17 @@ def run_batch(self: Any, plan_id: str, batch: int) -> dict[str, Any]:
 
 @shared_task(name="prewarm.warm.finish", base=PrewarmTask)
 def finish_plan(plan_id: str) -> dict[str, Any]:
-    """Chord callback: mark the plan finished and return its report."""
-    plans = _runner().plans
-    plans.mark_finished(plan_id)
-    return plans.report(plan_id)
+    """Chord callback: check that every item verified is still held on its users' replica
+    (:func:`tasks.services.holdings.check_plan_holdings`), mark the plan finished and return
+    its report."""
+    runner = _runner()
+    settings = fleet_settings(runner.settings, runner.store)
+    try:
+        check_plan_holdings(settings, runner.store, plan_id)
+    except PrewarmError as exc:  # (the plan still finishes; its items stay as batches said)
+        log.warning("plan %s: holdings not checked: %s", plan_id, exc)
+    runner.plans.mark_finished(plan_id)
+    return runner.plans.report(plan_id)
 
 
 @shared_task(name="prewarm.warm.recover", base=PrewarmTask, periodic=True)

@@ -168,6 +168,7 @@ class SimulatedEngine:
         self.log = log
         self.cache = BlockPrefixCache(config.capacity_blocks)
         self.metrics = EngineMetrics(config.model)
+        self.metrics.cache_config(config.block_size, config.capacity_blocks)
         self.adapters: dict[str, Adapter] = {}
         self.stats = StatsWindow()
         self.running = 0

@@ -82,6 +82,15 @@ class EngineMetrics:
         family = Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry)
         return family.labels(self.model, "0")
 
+    def cache_config(self, block_size: int, blocks: int) -> None:
+        """Publish the cache's size as vLLM does (``vllm:cache_config_info``, its labels the
+        cache config): what prewarm reads a replica's real capacity from."""
+        info = Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            ("block_size", "enable_prefix_caching", "num_gpu_blocks"), registry=self.registry,
+        )  # fmt: skip
+        info.labels(str(block_size), "True", str(blocks)).set(1)
+
     def finished(self, reason: str) -> None:
         """Count one finished request by its finish reason (``stop``, ``length``, ``abort``)."""
         self._success.labels(self.model, "0", reason).inc()

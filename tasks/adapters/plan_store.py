@@ -168,6 +168,22 @@ class PlanStore:
         pipe.hincrby(meta, "items_failed", summary["failed"])
         pipe.hset(meta, "active", time.time())
 
+    def record_holdings(self, plan_id: str, holdings: dict[str, Any]) -> bool:
+        """Record what the plan's post-plan check found (:mod:`tasks.services.holdings`): items
+        not held leave the verified count for the failed one. Once per plan (a redelivered
+        finish changes nothing); returns whether this call recorded it."""
+        meta = _k(plan_id, "meta")
+        if not self.r.hexists(meta, "engine"):  # deleted with old plans meanwhile
+            return False
+        if not self.r.hsetnx(meta, "holdings", json.dumps(holdings)):
+            return False
+        gone = int(holdings.get("not_held", 0))
+        with self.r.pipeline() as pipe:
+            pipe.hincrby(meta, "items_ok", -gone)
+            pipe.hincrby(meta, "items_failed", gone)
+            pipe.execute()
+        return True
+
     def mark_finished(self, plan_id: str) -> None:
         with self.r.pipeline() as pipe:
             pipe.hset(_k(plan_id, "meta"), mapping={"state": "finished", "finished": time.time()})
@@ -186,7 +202,7 @@ class PlanStore:
     def progress(self, plan_id: str, txn_alive: Callable[[str], bool]) -> PlanProgress | None:
         """What the sweep needs to know of a plan; None when it expired."""
         meta = {as_text(k): as_text(v) for k, v in self.r.hgetall(_k(plan_id, "meta")).items()}
-        if not meta:
+        if "engine" not in meta:  # (a late write to a deleted plan leaves a part of its meta)
             return None
         batches = int(meta["batches"])
         done = frozenset(int(b) for b in self.r.hkeys(_k(plan_id, "done")))
@@ -227,7 +243,7 @@ class PlanStore:
     def report(self, plan_id: str) -> dict[str, Any]:
         """Progress of a plan: batches done/total, committed, rolled back, items ok/failed."""
         meta = {as_text(k): as_text(v) for k, v in self.r.hgetall(_k(plan_id, "meta")).items()}
-        if not meta:
+        if "engine" not in meta:  # (a late write to a deleted plan leaves a part of its meta)
             raise BadInputError(
                 "no such plan (expired or never submitted)", where=f"plan {plan_id}"
             )
@@ -245,6 +261,8 @@ class PlanStore:
         report["resumed"] = int(meta.get("resumed", 0))
         if "resumed_at" in meta:
             report["resumed_at"] = float(meta["resumed_at"])
+        if "holdings" in meta:
+            report["holdings"] = json.loads(meta["holdings"])
         if "finished" in meta:
             report["seconds"] = round(float(meta["finished"]) - float(meta["submitted"]), 3)
         return report

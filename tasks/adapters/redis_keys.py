@@ -47,6 +47,8 @@ LOOP_DRIFT = ROOT + ":loop:{engine}:drift"
 
 # --- replicas and triggers ----------------------------------------------------------------------
 REPLICA_LAST = ROOT + ":replicas:{engine}:last"
+#: the item keys a replica was found holding when its plans were checked (hash: key -> when)
+REPLICA_HELD = ROOT + ":replicas:{engine}:held"
 TRIGGER_COOLDOWN = ROOT + ":triggers:cooldown:{kind}:{engine}"
 #: rolling state of an engine's cold-cache detectors (JSON)
 TRIGGER_DETECTORS = ROOT + ":triggers:{engine}:detectors"

@@ -1,16 +1,20 @@
 """Looking at a fleet's router over HTTP: is it up, and which workers it routes to.
 
-``vllm-router`` (and ``sglang-router``, the same lineage) answer ``GET /list_workers`` with
-``{"urls": [...]}`` and ``GET /health`` with 200 — or, while one of its workers fails its health
-checks (a replica restarting), with 503 ``Unhealthy servers: [...]``: the router is up then,
-and its memory is intact. The router is never asked for metrics or used to verify a warm-up: it
-answers those for one replica of its choosing."""
+Each router kind lists its workers at its own route (:mod:`pipeline.router_kinds`:
+``vllm-router``'s ``GET /list_workers``, ``sglang-router``'s ``GET /workers``) and counts its
+requests under its own name. ``GET /health`` answers 200 — or, on vllm-router while one of its
+workers fails its health checks (a replica restarting), 503 ``Unhealthy servers: [...]``: the
+router is up then, and its memory is intact. The router is never asked for a replica's metrics
+or used to verify a warm-up: it answers those for one replica of its choosing."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import httpx
 
-from pipeline.errors import BadInputError, EngineUnavailableError
+from pipeline.errors import EngineUnavailableError
+from pipeline.router_kinds import RouterApiError, router_kind
 from tasks.adapters.engine_client import samples_from_text
 from tasks.settings.fleets import FleetSettings
 
@@ -29,6 +33,7 @@ class RouterClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.fleet = fleet
+        self.kind = router_kind(fleet.router)
         self.http = httpx.Client(base_url=fleet.router_url, timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
@@ -53,8 +58,9 @@ class RouterClient:
         return response.status_code == 503 and response.text.startswith(UNHEALTHY_WORKERS)
 
     def requests_served(self) -> float | None:
-        """The router's ``vllm_router_requests_total`` summed over routes, from its own
-        Prometheus endpoint (None: none configured, or it did not answer)."""
+        """The router's requests counter (``vllm_router_requests_total``,
+        ``smg_router_requests_total``) summed over its labels, from its own Prometheus endpoint
+        (None: none configured, or it did not answer)."""
         if self.fleet.router_metrics_url is None:
             return None
         try:
@@ -63,22 +69,44 @@ class RouterClient:
             return None
         if response.status_code >= 400:
             return None
-        samples = samples_from_text(response.text, frozenset({"vllm_router_requests_total"}))
-        return sum(value for _, _, value in samples)
+        samples = samples_from_text(response.text, frozenset({self.kind.requests_counter}))
+        return sum(value for _, _, value in samples)  # (none yet: a fresh router, 0)
 
     def workers(self) -> list[str]:
-        """The worker URLs the router routes to now, without a trailing ``/``."""
-        where = f"fleet {self.fleet.name}: {self.fleet.router_url}/list_workers"
+        """The worker URLs the router routes to now, without a trailing ``/``. A 404 on the
+        kind's worker list, or a body not of its shape, is :class:`RouterApiError`: the router
+        is not the kind (or version) the settings say."""
+        path = self.kind.workers_path
+        where = f"fleet {self.fleet.name}: {self.fleet.router_url}{path}"
         try:
-            response = self.http.get("/list_workers")
+            response = self.http.get(path)
         except httpx.HTTPError as exc:
             raise EngineUnavailableError(f"{where}: {exc}") from exc
+        if response.status_code in (404, 405):
+            raise RouterApiError(
+                f"HTTP {response.status_code}: not the worker list of {self.kind.name} "
+                f"{self.kind.versions} (is the router's kind, fleets.router, right?)",
+                where=where,
+            )
         if response.status_code >= 400:
             raise EngineUnavailableError(f"{where}: HTTP {response.status_code}")
         try:
-            urls = response.json()["urls"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BadInputError(f"no worker list ({exc})", where=where) from exc
-        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-            raise BadInputError("'urls' is not a list of URLs", where=where)
-        return sorted({u.rstrip("/") for u in urls})
+            body = response.json()
+        except ValueError as exc:
+            raise RouterApiError(f"not JSON ({exc})", where=where) from exc
+        return self.kind.workers(body, where)
+
+
+def check_router_apis(fleets: Sequence[FleetSettings]) -> None:
+    """Refuse, naming the field, a fleet whose router answers but not with the API of the kind
+    it is configured as (another kind, or a version prewarm cannot drive): accepted, it would
+    find no replica and warm nothing. A router that does not answer yet is left to the watch,
+    which reports it down."""
+    for n, fleet in enumerate(fleets):
+        with RouterClient(fleet) as router:
+            try:
+                router.workers()
+            except RouterApiError as exc:
+                raise RouterApiError(str(exc), where=f"fleets[{n}].router") from exc
+            except EngineUnavailableError:
+                continue

@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.errors import PrewarmError, TransientError
 from pipeline.fleet_roads import Road, road_of
 from pipeline.planner.plan import WarmItem
+from pipeline.router_kinds import router_kind
 from pipeline.wal import FINAL_STATES, Effect, TxnState
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.adapters.engine_semaphore import EngineSemaphore
@@ -126,10 +127,17 @@ def _summary(
         "failures": [f"{r.key}: {r.detail}" for r in failed[:5]],
         "verified_by_prime": sum(1 for r in results if r.ok and r.verified_by == "prime"),
         "replicas": _landed(results),
+        "held_on": _held_on(results, ctx.engine.engine.name),
         "seconds": round(time.perf_counter() - started, 4),
         "pid": os.getpid(),
         "engine_requests": ctx.engine.requests - ctx.requests_at_start,
     }
+
+
+def _held_on(results: Sequence[ItemResult], engine: str) -> dict[str, str]:
+    """Each verified prefix and the replica it is held on: where a prime through the router
+    landed, else the batch's own engine (checked there once the plan is done)."""
+    return {r.key: r.replica or engine for r in results if r.ok and r.kind == "prefix"}
 
 
 def _landed(results: Sequence[ItemResult]) -> dict[str, dict[str, int]]:
@@ -186,7 +194,8 @@ class BatchRunner:
         if road is not Road.THROUGH_ROUTER:
             return None
         replicas = {e.name: self.client(e, options) for e in self.settings.replicas_of(fleet.name)}
-        return RoutedFleet(self.client(engine, options, fleet.router_url), replicas)
+        text_keyed = fleet.policy in router_kind(fleet.router).text_keyed
+        return RoutedFleet(self.client(engine, options, fleet.router_url), replicas, text_keyed)
 
     def semaphore(self, engine: EngineSettings, routed: bool) -> EngineSemaphore:
         """The slot a batch of ``engine`` holds while it runs: one of the engine's own

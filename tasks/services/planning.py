@@ -186,17 +186,23 @@ def usable_cache_tokens(engine: EngineSettings) -> int | None:
 def with_engine_cache(
     request: PlanRequest, cache: tuple[int, int] | None
 ) -> tuple[PlanRequest, str]:
-    """``request`` with the block size and capacity the engine published where the settings
-    name neither (``cache_block_tokens``, ``cache_tokens``), and a note saying which were used.
-    The capacity leaves out vLLM's null block."""
+    """``request`` within the cache the engine published (``vllm:cache_config_info``): its
+    block size where the settings name none, and its real capacity (less vLLM's null block)
+    as the most a plan fills — a ``cache_tokens`` setting or budget is a cap, never a belief:
+    a plan larger than the real cache is cut to it, and the note says so. Without a published
+    cache the request is as configured."""
     budget = request.budget
     if cache is None:
-        return request, "cache: as configured"
+        return request, "cache: as configured (the engine publishes no cache size)"
     block, blocks = cache
-    capacity = budget.max_tokens if budget.max_tokens is not None else (blocks - 1) * block
+    real = (blocks - 1) * block
+    capacity = real if budget.max_tokens is None else min(budget.max_tokens, real)
     filled = replace(budget, block_tokens=budget.block_tokens or block, max_tokens=capacity)
-    return (replace(request, budget=filled),
-            f"cache: {blocks} blocks of {block} tokens (the engine's /metrics)")  # fmt: skip
+    note = f"cache: {blocks} blocks of {block} tokens (the engine's /metrics)"
+    if budget.max_tokens is not None and real < budget.max_tokens:
+        note += (f"; smaller than the {budget.max_tokens} tokens configured: the plan is cut "
+                 f"to the engine's {real}")  # fmt: skip
+    return replace(request, budget=filled), note
 
 
 #: Fewer requests with a prompt than this and workload profiles are not fitted (length buckets
@@ -276,8 +282,7 @@ def plan_for(
         since = pd.Timestamp(request.newest_since, unit="s", tz="UTC").isoformat()
         notes.append(f"drift: windows from {since} weighted in full, older at "
                      f"{OLDER_WINDOW_WEIGHT}")  # fmt: skip
-    budget = request.budget
-    if engine is not None and (budget.block_tokens is None or budget.max_tokens is None):
+    if engine is not None:
         request, note = with_engine_cache(request, engine_cache(engine))
         notes.append(note)
     if request.shapes or request.reason == "replica":

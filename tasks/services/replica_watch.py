@@ -26,12 +26,13 @@ from pipeline.planner.reasons import trigger_reason
 from pipeline.triggers import (
     EngineSample,
     HitRateDropDetector,
+    ReplicaObservation,
     SpikeDetector,
     TriggerEvent,
     counter_delta,
     replica_event,
 )
-from tasks.adapters import replica_state
+from tasks.adapters import replica_holdings, replica_state
 from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.engine_probe import observe
 from tasks.adapters.store import Store
@@ -127,6 +128,14 @@ def _through_router(submit: Submit) -> Submit:
     return routed
 
 
+def _new_process(previous: ReplicaObservation | None, current: ReplicaObservation) -> bool:
+    """Whether ``current`` is another engine process than the last one seen (a replica that
+    only missed a look under load keeps its cache)."""
+    if previous is None or previous.start_time is None or current.start_time is None:
+        return True
+    return previous.start_time != current.start_time
+
+
 def watch_engine(
     settings: Settings, store: Store, engine: EngineSettings, warm: WarmNow
 ) -> list[dict[str, Any]]:
@@ -138,6 +147,8 @@ def watch_engine(
     previous = replica_state.last_observation(store, engine.name)
     replica_state.remember_observation(store, current)
     replica = replica_event(previous, current)
+    if replica is not None and _new_process(previous, current):  # it holds nothing
+        replica_holdings.clear(store, engine.name)
     if replica is not None and cooldown_allows(store, replica):
         # a replica that just started is warmed; its cache is cold by nature, not a trigger
         return [{**replica.to_dict(), **warm(engine.name, replica.kind)}]

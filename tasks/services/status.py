@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from pipeline.errors import BadInputError
-from tasks.adapters import redis_keys
+from tasks.adapters import redis_keys, replica_holdings
 from tasks.adapters.connections import redacted
 from tasks.adapters.observations import Observations, models_root
 from tasks.adapters.plan_store import PlanStore
@@ -52,6 +52,7 @@ def plan_progress(store: Store, outcome: dict[str, Any] | None) -> dict[str, Any
             "batches": report["batches"], "committed": report["committed"],
             "rolled_back": report["rolled_back"], "done": report["done"],
             "resumed": report.get("resumed", 0),
+            "holdings": report.get("holdings"),
             "warm_seconds": report.get("seconds")}  # fmt: skip
 
 
@@ -88,6 +89,8 @@ def engine_status(
         "last_tick": plan_progress(store, last_tick),
         "last_plan": plan_progress(store, latest),
         "next_tick_in_s": None if next_tick is None else round(float(next_tick) - now, 1),
+        # what the replica was found holding after its plans, whichever plan sent it there
+        "holds": replica_holdings.summary(store, name),
     }
 
 

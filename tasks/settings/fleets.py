@@ -21,15 +21,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.router_kinds import policy_problem
 from tasks.settings.values import Section, http_url, no_control_characters, zmq_endpoint
 
-#: routers prewarm knows the worker list and policies of (sglang-router is of the same lineage)
-ROUTER_KINDS = ("vllm-router", "sglang-router")
-#: vllm-router 0.1.17's ``--policy`` values
-POLICIES = (
-    "cache_aware", "kv_aware", "consistent_hash", "round_robin", "power_of_two", "random",
-    "sticky_least_loaded",
-)  # fmt: skip
+#: every router policy of a kind prewarm drives (:mod:`pipeline.router_kinds` says which kind
+#: has which; a policy the fleet's router kind lacks is refused, naming ``policy``)
 Policy = Literal[
     "cache_aware", "kv_aware", "consistent_hash", "round_robin", "power_of_two", "random",
     "sticky_least_loaded",
@@ -122,6 +118,13 @@ class FleetSettings(Section):
         no_control_characters(value)
         _fill(value, {"host": "h", "port": "1", "name": "n"})  # a bad placeholder fails here
         return value
+
+    @model_validator(mode="after")
+    def _policy_of_its_router(self) -> FleetSettings:
+        problem = policy_problem(self.router, self.policy)
+        if problem is not None:
+            raise ValueError(f"policy: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _replicas_as_told(self) -> FleetSettings:

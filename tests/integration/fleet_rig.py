@@ -21,6 +21,7 @@ from pipeline.planner.plan import WarmItem, WarmPlan
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
 from tasks.services.batch_runner import BatchRunner
+from tasks.services.holdings import check_plan_holdings
 from tasks.services.replica_watch import warm_for_trigger
 from tasks.settings import ScheduleSettings, Settings
 from tasks.settings.fleets import FleetSettings
@@ -46,12 +47,17 @@ class Warmups:
     batches: list[dict[str, Any]] = field(default_factory=list)
     #: prompt tokens per (plan, replica): what one plan asks a replica to hold
     plan_tokens: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: every item sent, by key
+    items: dict[str, WarmItem] = field(default_factory=dict)
+    #: what each plan's post-plan check found (``check_plan_holdings``'s record)
+    checks: list[dict[str, Any]] = field(default_factory=list)
 
     def add(
         self, result: dict[str, Any], items: Sequence[WarmItem], engine: str, notes: Sequence[str]
     ) -> None:
         """One batch's result (``BatchRunner.run``'s) and its items, sent for ``engine``."""
         self.batches.append({**result, "engine": engine, "notes": list(notes)})
+        self.items.update((item.key, item) for item in items)
         if result["replicas"]:  # through the router: where each landed
             for replica, row in result["replicas"].items():
                 self._sent(result["plan"], replica, row["items"], row["tokens"])
@@ -76,9 +82,11 @@ class Fleet:
     the fleet as an operator runs it, without prewarm."""
 
     def __init__(
-        self, tmp_path: Path, policy: str, count: int, words: int = 120, name: str = "fleet"
-    ) -> None:
+        self, tmp_path: Path, policy: str, count: int, words: int = 120, name: str = "fleet",
+        router: str = "vllm-router", capacity_blocks: int = CAPACITY_BLOCKS,
+    ) -> None:  # fmt: skip
         self.tmp, self.policy, self.words, self.name = tmp_path, policy, words, name
+        self.router_kind, self.capacity_blocks = router, capacity_blocks
         self.kv = policy == "kv_aware"  # replicas publish KV events, which the router reads
         self.replicas = [self._replica() for _ in range(count)]
         self.metrics_port = free_port()
@@ -92,7 +100,7 @@ class Fleet:
             ]
         self.router = RouterProcess(
             [r.url for r in self.replicas], policy, tmp_path / "router.log",
-            "--prometheus-port", str(self.metrics_port), *kv_args,
+            "--prometheus-port", str(self.metrics_port), *kv_args, kind=router,
         )  # fmt: skip
         self.warmups = Warmups()
 
@@ -101,6 +109,7 @@ class Fleet:
         source."""
         return FleetSettings(
             name=self.name, router_url=self.router.url, policy=self.policy,  # type: ignore[arg-type]
+            router=self.router_kind,  # type: ignore[arg-type]
             model="sim-llm", replica_kind="simulator", replicas_from="router",
             log=str(self.tmp / "replica-{port}.log"), cache_tokens=CAPACITY_BLOCKS * 16,
             cache_block_tokens=16,
@@ -121,7 +130,7 @@ class Fleet:
             else {}
         )
         config = SimulatorConfig(
-            log_file=self.tmp / f"replica-{port}.log", capacity_blocks=CAPACITY_BLOCKS, **kv
+            log_file=self.tmp / f"replica-{port}.log", capacity_blocks=self.capacity_blocks, **kv
         )  # type: ignore[arg-type]
         return SimulatorServer(config, port=port).start()
 
@@ -135,12 +144,22 @@ class Fleet:
 
     # --- users --------------------------------------------------------------------------------
 
+    #: templates whose users call ``/v1/completions`` with a text prompt (the rest chat)
+    completions: frozenset[int] = frozenset()
+
     def send(self, n: int, question: str) -> tuple[int, int]:
-        """One user's chat on template ``n`` through the router: (cached, prompt) tokens."""
-        messages = [{"role": "system", "content": template(n, self.words)},
-                    {"role": "user", "content": question}]  # fmt: skip
-        body = {"model": "sim-llm", "messages": messages, "max_tokens": 2}
-        usage = httpx.post(f"{self.router.url}/v1/chat/completions", json=body, timeout=30)
+        """One user's request on template ``n`` through the router — a chat, or a text prompt
+        for the templates in :attr:`completions`: (cached, prompt) tokens."""
+        if n in self.completions:
+            route = "/v1/completions"
+            body: dict[str, Any] = {"model": "sim-llm", "max_tokens": 2,
+                                    "prompt": f"{template(n, self.words)}\n{question}"}  # fmt: skip
+        else:
+            route = "/v1/chat/completions"
+            messages = [{"role": "system", "content": template(n, self.words)},
+                        {"role": "user", "content": question}]  # fmt: skip
+            body = {"model": "sim-llm", "messages": messages, "max_tokens": 2}
+        usage = httpx.post(f"{self.router.url}{route}", json=body, timeout=30)
         usage.raise_for_status()
         data = usage.json()["usage"]
         return int(data["prompt_tokens_details"]["cached_tokens"]), int(data["prompt_tokens"])
@@ -174,7 +193,7 @@ class Fleet:
         out = {}
         for r in self.replicas:
             assert r.engine is not None
-            out[self.replica_name(r)] = int(r.engine.cache.usage * CAPACITY_BLOCKS * 16)
+            out[self.replica_name(r)] = int(r.engine.cache.usage * self.capacity_blocks * 16)
         return out
 
     # --- what operators do --------------------------------------------------------------------
@@ -201,9 +220,10 @@ class FleetRig(Fleet):
 
     def __init__(
         self, tmp_path: Path, policy: str, count: int, store: Any, store_url: str,
-        words: int = 120,
+        words: int = 120, **fleet: Any,
     ) -> None:  # fmt: skip
-        super().__init__(tmp_path, policy, count, words)
+        """``fleet``: the :class:`Fleet`'s other options (``router``, ``capacity_blocks``)."""
+        super().__init__(tmp_path, policy, count, words, **fleet)
         self.store = store
         self.settings = Settings(
             redis_url=store_url, store_url=store_url, data_dir=tmp_path / "data",
@@ -248,6 +268,7 @@ class FleetRig(Fleet):
             runner = BatchRunner(self.store, settings)
             for batch in range(batches):
                 self._count(runner.run(plan.plan_id, batch), plan, batch, engine)
+            self.warmups.checks.append(check_plan_holdings(settings, self.store, plan.plan_id))
             plans.mark_finished(plan.plan_id)
             return plan.plan_id
 

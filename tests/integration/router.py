@@ -1,4 +1,5 @@
-"""The real ``vllm-router`` (PyPI, a Rust binary in the wheel) as a process for tests.
+"""The real ``vllm-router`` and ``sglang-router`` (PyPI, Rust binaries in their wheels) as
+processes for tests.
 
 A missing binary skips the test on a laptop and fails it in CI, as a missing Redis does."""
 
@@ -34,27 +35,37 @@ def simulator_replicas(folder: Path, count: int) -> Iterator[list[SimulatorServe
             server.stop()
 
 
-def router_binary() -> str:
-    """The ``vllm-router`` console script of this environment (skips, or fails in CI)."""
-    found = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+#: the version of each router kind the tests run (pinned in pyproject's dev extra)
+ROUTER_VERSIONS = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
+
+
+def router_binary(kind: str = "vllm-router") -> str:
+    """The console script of router ``kind`` in this environment (skips, or fails in CI)."""
+    found = shutil.which(kind) or str(Path(sys.executable).with_name(kind))
     if not Path(found).exists():
+        install = f"pip install '{kind}=={ROUTER_VERSIONS[kind]}'"
         if os.environ.get("CI"):
-            pytest.fail("vllm-router is required in CI (pip install 'vllm-router==0.1.17')")
-        pytest.skip("vllm-router is not installed (pip install 'vllm-router==0.1.17')")
+            pytest.fail(f"{kind} is required in CI ({install})")
+        pytest.skip(f"{kind} is not installed ({install})")
     return found
 
 
 class RouterProcess:
-    """``vllm-router`` on loopback in front of ``workers`` with ``policy``; ``restart()`` comes
-    back on the same port with an empty memory, as a redeployed router does."""
+    """A router (``kind``: ``vllm-router`` or ``sglang-router``) on loopback in front of
+    ``workers`` with ``policy``; ``restart()`` comes back on the same port with an empty
+    memory, as a redeployed router does."""
 
-    def __init__(self, workers: Sequence[str], policy: str, log_path: Path, *extra: str) -> None:
+    def __init__(
+        self, workers: Sequence[str], policy: str, log_path: Path, *extra: str,
+        kind: str = "vllm-router",
+    ) -> None:  # fmt: skip
         self.workers, self.policy, self.log_path, self.extra = (
             list(workers),
             policy,
             log_path,
             extra,
         )
+        self.kind = kind
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -65,16 +76,19 @@ class RouterProcess:
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
         """Start and wait until the router lists its workers and answers ``/health``."""
-        args = [router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
+        launch = ["launch"] if self.kind == "sglang-router" else []
+        level = "warn" if self.kind == "sglang-router" else "warning"
+        args = [router_binary(self.kind), *launch, "--host", "127.0.0.1", "--port", str(self.port),
                 "--worker-urls", *self.workers, "--policy", self.policy,
-                "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
-                "--log-level", "warning", *self.extra]  # fmt: skip
+                "--health-check-interval-secs", "1", "--log-level", level, *self.extra]  # fmt: skip
+        if "--prometheus-port" not in self.extra:
+            args += ["--prometheus-port", str(free_port())]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while not self._ready():
-            assert self.proc.poll() is None, f"vllm-router exited: {self.log_path.read_text()}"
-            assert time.monotonic() < deadline, f"vllm-router not ready in {timeout_s}s"
+            assert self.proc.poll() is None, f"{self.kind} exited: {self.log_path.read_text()}"
+            assert time.monotonic() < deadline, f"{self.kind} not ready in {timeout_s}s"
             time.sleep(0.2)
         return self
 

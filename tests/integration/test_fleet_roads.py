@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.fleet_roads import ROUTER_RESTARTED, road_note, through_router
 from pipeline.planner.plan import WarmPlan
+from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.fleets import router_restart_warms
@@ -42,9 +43,14 @@ def test_cache_aware_is_warmed_through_the_router_after_a_rolling_restart(rig):
     assert sum(hit for hit, _ in first.values()) == TEMPLATES, first
     landed = {replica for _, replica in first.values()}
     assert landed <= set(rig.warmups.requests), (landed, rig.warmups.requests)
-    # the warm-ups went through the router, without prewarm's request id, one per request
+    # the warm-ups went through the router, without prewarm's request id, one per request; the
+    # requests with prewarm's id are the post-plan checks, one per item, at the replica's URL
     logs = "".join(p.read_text() for p in rig.tmp.glob("replica-*.log"))
-    assert "prewarm-" not in " ".join(re.findall(r"Received request (\S+)", logs))
+    own = [rid for rid in re.findall(r"Received request (\S+)", logs) if "prewarm-" in rid]
+    plans = PlanStore(rig.store)
+    checks = [plans.report(p)["holdings"] for p in {b["plan"] for b in rig.warmups.batches}]
+    assert len(own) == sum(c["held"] + c["not_held"] for c in checks) > 0, (own, checks)
+    assert all(c["not_held"] == 0 for c in checks), checks
     assert '"prompt":["' not in logs
     # a router restart alone: its memory is gone, so every replica is warmed through it again
     rig.router.restart()

@@ -125,6 +125,9 @@ def test_replicas_found_by_dns_are_the_addresses_the_name_resolves_to(tmp_path):
         (FOUND_BY_DNS.replace(":8000", ":80000"), r"fleets\.0\.replicas_dns.*not host:port"),
         (FOUND_BY_DNS.replace('replicas_from = "dns"', ""), r"lists no replicas.*or \"dns\""),
         (ROUTED.replace('"router"', '"dns"'), r"replicas_dns goes with"),
+        (FOUND_BY_DNS.replace('model =', 'router = "sglang-router"\nmodel ='),
+         r"fleets\.0.*policy: sglang-router 0\.3\.2 has no policy 'kv_aware'"),
+        (ROUTED.replace('policy = "round_robin"', 'router = "nginx"'), r"fleets\.0\.router"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_names_the_field(tmp_path, text, where):

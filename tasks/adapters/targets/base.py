@@ -29,6 +29,9 @@ class RoutedFleet:
 
     router: EngineClient
     replicas: dict[str, EngineClient]
+    #: the router keys its memory on a request's text (sglang-router's ``cache_aware``): a
+    #: prefix rendered from a chat is primed as that chat (:mod:`pipeline.chat_forms`)
+    text_keyed: bool = False
 
     def lookups(self) -> dict[str, float | None]:
         """Each replica's prefix-cache lookups so far (tokens; None: it publishes none)."""

@@ -2,6 +2,8 @@
 
 Each prefix is one request through the router, exactly as its users send it (chat as chat, a
 text prompt alone, no header of prewarm's), so the router's prefix tree learns where it lives.
+Where the router keys its tree on a request's text, a prefix read from a chat's rendered prompt
+goes as that chat's messages (:func:`as_users_send`).
 Where it landed is read at every replica's own URL: the one replica whose ``/metrics`` counted
 the prime's prompt tokens as prefix-cache lookups (vLLM counts lookups only while its prefix
 cache is on, and keeps every whole block it computes, so that count is also the proof that the
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+from pipeline.chat_forms import chat_messages
 from pipeline.errors import PrewarmError
 from pipeline.planner.plan import WarmItem
 from tasks.adapters import fleet_state
@@ -64,13 +68,28 @@ def counted(
         time.sleep(every_s)
 
 
+def as_users_send(item: WarmItem) -> WarmItem:
+    """``item`` as its chat users send it: a text prefix read from a chat's rendered prompt
+    (planned with ``add_special_tokens`` off) as the chat's messages; any other unchanged."""
+    if item.messages is not None or item.text is None:
+        return item
+    if item.params.get("add_special_tokens") is not False:
+        return item
+    messages = chat_messages(item.text)
+    if messages is None:
+        return item
+    params = {k: v for k, v in item.params.items() if k != "add_special_tokens"}
+    return replace(item, text=None, messages=messages, params=params, endpoint="chat")
+
+
 def _send(
     item: WarmItem, routed: RoutedFleet, result: ItemResult, before: dict[str, float | None]
 ) -> dict[str, float | None]:
     """Prime ``item`` through the router; returns the replicas' lookups after it."""
     max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
+    sent = as_users_send(item) if routed.text_keyed else item
     try:
-        done = routed.router.complete(item, max_tokens=max_tokens)
+        done = routed.router.complete(sent, max_tokens=max_tokens)
     except PrewarmError as exc:
         result.fail(str(exc))
         return routed.lookups()

@@ -313,3 +313,22 @@ def test_block_size_and_capacity_come_from_the_engine_when_not_configured():
     # a header shorter than the engine's block is then never planned
     plan = plan_from_records(_tree_records(), request)
     assert "uncacheable: 1 prefixes shorter than one cache block" in plan.notes
+
+
+def test_a_configured_capacity_larger_than_the_engines_cache_is_cut_to_the_engine():
+    from tasks.services.planning import with_engine_cache
+
+    settings = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m", "kind": "vllm",
+                      "cache_tokens": 64 * 128 * 8, "cache_block_tokens": 128}]}
+    )  # fmt: skip
+    request, note = with_engine_cache(plan_request(settings, "e"), (128, 64))
+    assert request.budget.max_tokens == 63 * 128
+    assert "smaller than the 65408 tokens configured: the plan is cut to the engine's 8064" in note
+    # a setting below the engine's cache stays the cap
+    small = Settings.model_validate(
+        {"engines": [{"name": "e", "url": "http://x", "model": "m", "kind": "vllm",
+                      "cache_tokens": 1024, "cache_block_tokens": 128}]}
+    )  # fmt: skip
+    request, note = with_engine_cache(plan_request(small, "e"), (128, 64))
+    assert request.budget.max_tokens == 1024 - 128 and "cut" not in note
