@@ -13,14 +13,16 @@ ties are these (``router/src/server.rs``, ``generate_internal`` and
   ``Output:`` and ``Success``, both right after ``total_time = start_time.elapsed()`` was
   recorded, with the same span fields; concurrent requests interleave in any order;
 - an event's time is taken before its line is written: the ``Output:`` time minus
-  ``total_time`` is the ``Input:`` time within microseconds, while the ``Success`` is stamped
-  after the ``Output:`` line was written, which waits for the pipe to the launcher (a
-  generated text, many ``Token:`` lines of concurrent streams): milliseconds later and more.
+  ``total_time`` is the ``Input:`` time within microseconds on an idle host and within
+  :data:`INPUT_LAG_S` under load, while the ``Success`` is stamped after the ``Output:`` line
+  was written, which waits for the pipe to the launcher (a generated text, many ``Token:``
+  lines of concurrent streams): milliseconds later and more.
 
-Two ``Input:`` lines carry no span (``generate_stream_internal`` run outside the handler's
-span): that of a streaming ``/v1/completions`` request, whose prompts the handler hands to a
-spawned task, and the stream-only validation errors (`` `best_of` != 1 ``,
-`` `decoder_input_details` == true ``), logged while the response body is polled.
+Two kinds of line of ``generate_stream_internal`` carry no span, being printed outside the
+handler's: the ``Input:`` of a streaming ``/v1/completions`` request, whose prompts the handler
+hands to a spawned task (its ``Output:`` and ``Success`` name the ``completions`` span as their
+parent), and the stream-only validation errors (`` `best_of` != 1 ``,
+`` `decoder_input_details` == true ``), printed as the response body is first polled.
 
 So a ``Success`` joins the pending ``Input:`` of the same handler, parameters (and trace id)
 that is closest to its arrival when its ``Output:`` was seen (the ``Output:`` time minus

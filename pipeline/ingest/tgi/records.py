@@ -4,9 +4,9 @@
 ``rejected``, ``no permits available`` -> ``overloaded``, generation failures and incomplete
 generations -> ``failed``). TGI logs no request id. DEBUG ``Input:`` events give the prompt
 of the ``Success`` or error that ends their request, and an error its arrival (:mod:`.inputs`
-says how they are tied). ``seed``
-is the seed the client asked for (in the printed ``GenerateParameters``), ``seed_used`` the
-one the span prints: the server draws one for a sampling request that asked for none."""
+says how they are tied). ``seed`` is the seed the client asked for (in the printed
+``GenerateParameters``), ``seed_used`` the one the span prints: the server draws one for a
+sampling request that asked for none."""
 
 from __future__ import annotations
 
