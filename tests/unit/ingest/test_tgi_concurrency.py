@@ -8,7 +8,8 @@ seeds and timings. Text and ``--json-output``, column-wise and line by line.
 
 An error takes its ``Input:`` (prompt and arrival) exactly where TGI's output says which is
 its: the only one of its handler and parameters pending and stamped before it (for the
-span-less `` `best_of` != 1 `` error: the only streamed one asking for ``best_of``); else none.
+span-less stream-only errors, `` `best_of` != 1 `` and `` `decoder_input_details` == true ``:
+the only streamed one asking for it); else none.
 
 TGI prints no request id: two requests with the same handler and parameters whose clocks start
 closer than their ``Input:`` lines' lag cannot be told apart in its output, so clocks here start
@@ -27,7 +28,7 @@ from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser, arrival_ts
-from tests.unit.ingest.tgi_lines import Event, Request, timestamp
+from tests.unit.ingest.tgi_lines import STREAM_ERRORS, Event, Request, timestamp
 
 START_US = 1_748_943_720_000_000
 ENDPOINT = {
@@ -70,9 +71,9 @@ def requests(draw: st.DrawFn) -> list[Request]:
 
 def join_key(request: Request) -> tuple[object, ...]:
     """What TGI prints that ties a request's lines: its handler and parameters (the span-less
-    `` `best_of` != 1 `` error: a streamed request asking for ``best_of``)."""
-    if request.outcome == "best_of":
-        return ("best_of",)
+    stream-only errors: a streamed request asking for what the error names)."""
+    if request.outcome in STREAM_ERRORS:
+        return (request.outcome,)
     params = None if request.handler == "completions" else request.parameters()
     return request.handler, params
 
@@ -80,21 +81,23 @@ def join_key(request: Request) -> tuple[object, ...]:
 @st.composite
 def lagging_requests(draw: st.DrawFn) -> list[Request]:
     """Concurrent requests whose ``Input:`` lines lag up to 1 ms (TGI v3.3.7 under load):
-    errors, streaming ``/v1/completions`` (a span-less ``Input:``) and a streamed ``best_of``
-    (a span-less error); same-key clocks start :data:`SEPARATION_US` apart at least."""
+    errors, streaming ``/v1/completions`` (a span-less ``Input:``) and the span-less
+    stream-only errors (``best_of``, ``decoder_input_details``); same-key clocks start
+    :data:`SEPARATION_US` apart at least."""
     count = draw(st.integers(2, 14))
     start, out = START_US, []
     for i in range(count):
         start += draw(st.integers(50, 3_000))
         outcome = draw(st.sampled_from(["ok", "ok", "ok", "overloaded", "rejected", "failed",
-                                        "best_of"]))  # fmt: skip
+                                        *STREAM_ERRORS]))  # fmt: skip
         handler = draw(st.sampled_from(list(ENDPOINT)))
-        if outcome == "best_of":
+        if outcome in STREAM_ERRORS:
             handler = "generate_stream"
         request = Request(
             handler=handler, prompt=f"prompt {i}" + draw(st.sampled_from(["", "\nline two"])),
             start_us=start, stream=draw(st.booleans()),
             best_of=2 if outcome == "best_of" else None,
+            decoder_input_details=outcome == "prefill_details",
             temperature=draw(st.sampled_from([None, 0.7])), outcome=outcome,
             total_ns=draw(st.integers(1_000_000, 3_000_000_000)) + i,  # (ns: no two alike)
             input_lag_us=draw(st.integers(0, 1000)), output_lag_us=draw(st.integers(0, 10)),
@@ -104,6 +107,7 @@ def lagging_requests(draw: st.DrawFn) -> list[Request]:
         if any(join_key(r) == join_key(request) and start - r.start_us < SEPARATION_US
                for r in out):  # fmt: skip
             request.handler, request.outcome, request.best_of = "generate", "rejected", None
+            request.decoder_input_details = False
             request.max_new_tokens = 100 + i  # a key of its own
         out.append(request)
     return out
@@ -159,7 +163,7 @@ def error_takes_input(events: list[Event], at: int, prompted: set[int]) -> bool:
 
 def _expected(request: Request, joined: bool) -> dict[str, object]:
     """The record of ``request``; ``joined``: an error that took its ``Input:``."""
-    spanless = request.outcome == "best_of"
+    spanless = request.outcome in STREAM_ERRORS
     has_params = request.handler != "completions" and (joined or not spanless)
     done = request.outcome == "ok"
     rejected = request.outcome == "rejected"  # the message prints the requested max_new_tokens

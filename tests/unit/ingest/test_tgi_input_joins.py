@@ -1,10 +1,11 @@
 """``prewarm ingest`` of a TGI v3.3 DEBUG log under concurrency, as TGI prints it: ``Input:``
 lines stamped 0.50-0.62 ms after the arrival their request's ``Output:`` gives (as a held-out
 v3.3.7 log under load), errors of the request (overloaded, validation, generation), a streaming
-``/v1/completions`` request whose ``Input:`` has no span, a streamed `` `best_of` != 1 ``
-rejected without a span, and bad lines between them. Every request whose ``Input:`` TGI's
-output ties to it keeps its prompt (an error its arrival too); one whose ``Input:`` could be
-another's keeps none; bad lines are counted and cost no neighbour. Text and ``--json-output``.
+``/v1/completions`` request whose ``Input:`` has no span, streamed `` `best_of` != 1 `` and
+`` `decoder_input_details` == true `` rejected without a span, and bad lines between them.
+Every request whose ``Input:`` TGI's output ties to it keeps its prompt (an error its arrival
+too); one whose ``Input:`` could be another's keeps none; bad lines are counted and cost no
+neighbour. Text and ``--json-output``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from jobs.cli import main
 from pipeline.ingest.sinks import read_records
-from tests.unit.ingest.tgi_lines import Event, Request, timestamp
+from tests.unit.ingest.tgi_lines import STREAM_ERRORS, Event, Request, timestamp
 
 START_US = 1_748_943_720_000_000
 ENDPOINT = {
@@ -44,6 +45,9 @@ REQUESTS = [
     _request(7, "generate", 1.2, 540, max_new_tokens=128, outcome="rejected"),
     _request(8, "generate_stream", 1.5, 610, max_new_tokens=64, outcome="failed"),
     _request(9, "generate_stream", 1.7, 560, best_of=2, outcome="best_of"),
+    _request(
+        11, "generate_stream", 2.5, 590, decoder_input_details=True, outcome="prefill_details"
+    ),
     # the same key as 2's, failing while 2 runs: either Input could be its
     _request(10, "chat_completions", 10.0, 520, temperature=0.7, outcome="failed"),
 ]
@@ -88,7 +92,7 @@ def test_ingest_keeps_every_prompt_tgi_ties_to_its_request(tmp_path, capsys, as_
         if request.prompt in UNTIED:
             continue
         row = by_prompt.loc[request.prompt]
-        status = "rejected" if request.outcome == "best_of" else request.outcome
+        status = "rejected" if request.outcome in STREAM_ERRORS else request.outcome
         assert (row["status"], row["endpoint"]) == (status, ENDPOINT[request.handler])
         input_at = pd.Timestamp(timestamp(request.start_us + request.input_lag_us))
         if request.outcome == "ok":  # its arrival: its Success's time less its total time

@@ -24,7 +24,11 @@ ERRORS = {
     # ``generate_stream_internal``: polled with the response body, outside any span
     "best_of": (SERVER, 547, [],
                 "Input validation error: `best_of` != 1 is not supported when streaming tokens"),
+    "prefill_details": (SERVER, 552, [], "Input validation error: `decoder_input_details` == "
+                        "true is not supported when streaming tokens"),
 }  # fmt: skip
+#: the stream-only validation errors, printed without a span
+STREAM_ERRORS = ("best_of", "prefill_details")
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 
@@ -38,11 +42,13 @@ class Request:
     #: a streaming ``/v1/completions`` request (its ``Input:`` printed without a span)
     stream: bool = False
     best_of: int | None = None
+    decoder_input_details: bool = False
     temperature: float | None = None
     max_new_tokens: int | None = 20
     client_seed: int | None = None
     drawn_seed: int | None = None  # the server's, for a sampling request without one
-    outcome: str = "ok"  # ok | overloaded | rejected | failed | best_of (a span-less rejection)
+    #: ok | overloaded | rejected | failed | best_of | prefill_details (span-less rejections)
+    outcome: str = "ok"
     total_ns: int = 1_000_000
     tokens: int = 4
     version: int = 3  # 1: v1.0 (HTTP span, bare max_new_tokens), 3: v3.3
@@ -73,6 +79,7 @@ class Request:
         temperature = "None" if self.temperature is None else f"Some({self.temperature})"
         seed = "None" if self.client_seed is None else f"Some({self.client_seed})"
         best_of = "None" if self.best_of is None else f"Some({self.best_of})"
+        prefill = str(self.decoder_input_details).lower()
         if self.version == 1:
             return (
                 f"GenerateParameters {{ best_of: {best_of}, temperature: {temperature}, "
@@ -88,7 +95,7 @@ class Request:
             "repetition_penalty: None, frequency_penalty: None, top_k: None, top_p: None, "
             f"typical_p: None, do_sample: {str(self.sampling).lower()}, max_new_tokens: "
             f'{max_new}, return_full_text: None, stop: ["</s>"], truncate: None, '
-            "watermark: false, details: true, decoder_input_details: false, "
+            f"watermark: false, details: true, decoder_input_details: {prefill}, "
             f"seed: {seed}, top_n_tokens: None, grammar: None, adapter_id: None }}"
         )
 
@@ -160,7 +167,7 @@ class Event:
         (``generate_stream_internal`` in a spawned task), a stream-only validation error."""
         request = self.request
         stream_input = self.kind == "input" and request.handler == "completions" and request.stream
-        return stream_input or (self.kind == "error" and request.outcome == "best_of")
+        return stream_input or (self.kind == "error" and request.outcome in STREAM_ERRORS)
 
     def text(self) -> list[str]:
         """The event as text lines (a prompt with newlines goes on over lines)."""
