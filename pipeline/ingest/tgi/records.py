@@ -3,9 +3,10 @@
 ``inference_time / time_per_token``), and every error event of a request (validation ->
 ``rejected``, ``no permits available`` -> ``overloaded``, generation failures and incomplete
 generations -> ``failed``). TGI logs no request id. DEBUG ``Input:`` events give the prompt
-of the ``Success`` that ends their request (:mod:`.inputs` says how they are tied). ``seed``
-is the seed the client asked for (in the printed ``GenerateParameters``), ``seed_used`` the
-one the span prints: the server draws one for a sampling request that asked for none."""
+of the ``Success`` or error that ends their request, and an error its arrival (:mod:`.inputs`
+says how they are tied). ``seed`` is the seed the client asked for (in the printed
+``GenerateParameters``), ``seed_used`` the one the span prints: the server draws one for a
+sampling request that asked for none."""
 
 from __future__ import annotations
 
@@ -24,20 +25,49 @@ from pipeline.ingest.reprs import (
     seed_u64,
 )
 from pipeline.ingest.tgi.events import ENDPOINTS, TgiEvent
-from pipeline.ingest.tgi.inputs import InputJoin, PendingInput, request_key
+from pipeline.ingest.tgi.inputs import InputJoin, PendingInput, RequestKey, request_key
 from pipeline.ingest.tgi.values import ParameterFields, duration_s, given_counts, seconds
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _INPUTS = re.compile(r"inputs: (\"(?:[^\"\\]|\\.)*\")", re.DOTALL)
 #: non-streaming ``Input:`` is cut to 1000 characters (v2.3+) or bytes (v2.0-2.2)
 INPUT_LOG_CAP = 1000
+#: the target of the handlers' events (``router/src/server.rs``)
+SERVER_TARGET = "text_generation_router::server"
+#: the handler whose ``Input:`` TGI prints outside any span: a streaming ``/v1/completions``
+#: request (``completions`` runs ``generate_stream_internal`` in a ``tokio::spawn``ed task)
+SPANLESS_INPUT_HANDLER = "completions"
+#: the stream-only validation errors, printed without a span as the response body is polled
+#: (``generate_stream_internal``), and the printed ``GenerateParameters`` that break each
+STREAM_CHECKS = {
+    "`best_of` != 1 is not supported when streaming tokens": re.compile(r"best_of: Some\((?!1\))"),
+    "`decoder_input_details` == true is not supported when streaming tokens": re.compile(
+        r"decoder_input_details: true"
+    ),
+}
+#: what ``InferError`` prints before a ``ValidationError``
+_VALIDATION_PREFIX = "Input validation error: "
 
 Record = dict[str, Any]
 
 
 def streaming(event: TgiEvent) -> bool:
-    """Known streaming: ``/generate_stream``, or a JSON event with a detached span."""
-    return event.detached or bool(event.spans and event.spans[0][0] == "generate_stream")
+    """Known streaming: ``/generate_stream`` (alone, or under ``/``'s or v1.0's HTTP span), or a
+    JSON event with a detached span."""
+    return event.detached or any(name == "generate_stream" for name, _ in event.spans)
+
+
+def spanless_input(event: TgiEvent) -> bool:
+    """Whether an ``Input:`` event is a streaming ``/v1/completions`` request's, printed
+    without a span."""
+    return not event.spans and event.target == SERVER_TARGET
+
+
+def stream_check(event: TgiEvent, message: str) -> re.Pattern[str] | None:
+    """The parameters a span-less stream-only validation error says its request sent."""
+    if event.spans:
+        return None
+    return STREAM_CHECKS.get(message.removeprefix(_VALIDATION_PREFIX))
 
 
 def request_spans(event: TgiEvent) -> tuple[str | None, dict[str, str]]:
@@ -104,11 +134,14 @@ class TgiRecords:
     def _input(self, event: TgiEvent, text: str) -> None:
         check_text((text,))
         handler, fields = request_spans(event)
+        streamed = streaming(event)
+        if spanless_input(event):
+            handler, streamed = SPANLESS_INPUT_HANDLER, True
         at = seconds(event.ts)
         if at is None:
             self.out.ignored["input debug line (no time)"] += 1
             return
-        pending = PendingInput(at, text, streaming(event))
+        pending = PendingInput(at, text, streamed, event.ts)
         self.inputs.add_input(request_key(handler, fields), pending)
 
     def _output(self, event: TgiEvent) -> None:
@@ -147,8 +180,33 @@ class TgiRecords:
         if status == "rejected":
             record.update(given_counts(message))
         if self.inputs:
-            self.inputs.for_error(request_key(handler, fields), record.get("prompt"))
+            joined = self._error_input(event, message, request_key(handler, fields), record)
+            if joined is not None:
+                self._keep_input(record, *joined)
         self.out.heads.append(record)
+
+    def _error_input(
+        self, event: TgiEvent, message: str, key: RequestKey, record: Record
+    ) -> tuple[RequestKey, PendingInput] | None:
+        """The ``Input:`` of the request an error ends, and its key (:mod:`.inputs`)."""
+        at = seconds(event.ts)
+        broken_rule = stream_check(event, message)
+        if broken_rule is not None:
+            return self.inputs.for_stream_check(broken_rule, at)
+        pending = self.inputs.for_error(key, record.get("prompt"), at)
+        return None if pending is None else (key, pending)
+
+    def _keep_input(self, record: Record, key: RequestKey, pending: PendingInput) -> None:
+        """An error record takes its ``Input:``'s arrival and prompt, and the handler and
+        parameters of the ``Input:`` where the error prints none (a span-less one)."""
+        self.out.ignored["input debug line (joined)"] += 1
+        record["ts"] = pending.ts  # the request's clock started then: its arrival
+        if record.get("prompt") is None:
+            self._set_prompt(record, pending.text, streamed=pending.streamed)
+        if record["endpoint"] is None:
+            record["endpoint"] = ENDPOINTS.get(key[0])
+            if key[1]:
+                record.update(self.parameter_fields(key[1]))
 
     def _base(
         self, event: TgiEvent, handler: str | None, fields: dict[str, str], status: str

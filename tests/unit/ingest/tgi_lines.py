@@ -21,7 +21,14 @@ ERRORS = {
                  "tokens and {max_new_tokens} `max_new_tokens`"),
     "failed": (BACKEND, 546, ["generate", "generate_stream", "schedule", "infer", "send_error"],
                "Request failed during generation: Server error: CUDA out of memory."),
+    # ``generate_stream_internal``: polled with the response body, outside any span
+    "best_of": (SERVER, 547, [],
+                "Input validation error: `best_of` != 1 is not supported when streaming tokens"),
+    "prefill_details": (SERVER, 552, [], "Input validation error: `decoder_input_details` == "
+                        "true is not supported when streaming tokens"),
 }  # fmt: skip
+#: the stream-only validation errors, printed without a span
+STREAM_ERRORS = ("best_of", "prefill_details")
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 
@@ -32,17 +39,22 @@ class Request:
     handler: str  # generate, generate_stream, chat_completions, completions
     prompt: str
     start_us: int  # when its clock started (Unix µs)
+    #: a streaming ``/v1/completions`` request (its ``Input:`` printed without a span)
+    stream: bool = False
+    best_of: int | None = None
+    decoder_input_details: bool = False
     temperature: float | None = None
     max_new_tokens: int | None = 20
     client_seed: int | None = None
     drawn_seed: int | None = None  # the server's, for a sampling request without one
-    outcome: str = "ok"  # ok | overloaded | rejected | failed
+    #: ok | overloaded | rejected | failed | best_of | prefill_details (span-less rejections)
+    outcome: str = "ok"
     total_ns: int = 1_000_000
     tokens: int = 4
     version: int = 3  # 1: v1.0 (HTTP span, bare max_new_tokens), 3: v3.3
     trace_id: str = TRACE_ID
     #: µs after the clock starts: the Input's stamp, the Output's after total_time, the Success's
-    #: after the Output (its line's write), an error's after the start
+    #: after the Output (its line's write), an error's after the Input (printed by the same task)
     input_lag_us: int = 0
     output_lag_us: int = 0
     success_lag_us: int = 0
@@ -61,14 +73,16 @@ class Request:
 
     @property
     def streamed(self) -> bool:
-        return self.handler == "generate_stream"
+        return self.handler == "generate_stream" or (self.handler == "completions" and self.stream)
 
     def parameters(self) -> str:
         temperature = "None" if self.temperature is None else f"Some({self.temperature})"
         seed = "None" if self.client_seed is None else f"Some({self.client_seed})"
+        best_of = "None" if self.best_of is None else f"Some({self.best_of})"
+        prefill = str(self.decoder_input_details).lower()
         if self.version == 1:
             return (
-                f"GenerateParameters {{ best_of: None, temperature: {temperature}, "
+                f"GenerateParameters {{ best_of: {best_of}, temperature: {temperature}, "
                 "repetition_penalty: None, top_k: None, top_p: None, typical_p: None, "
                 f"do_sample: {str(self.sampling).lower()}, max_new_tokens: {self.max_new_tokens}, "
                 "return_full_text: None, stop: [], truncate: None, watermark: false, "
@@ -77,11 +91,11 @@ class Request:
             )
         max_new = "None" if self.max_new_tokens is None else f"Some({self.max_new_tokens})"
         return (
-            f"GenerateParameters {{ best_of: None, temperature: {temperature}, "
+            f"GenerateParameters {{ best_of: {best_of}, temperature: {temperature}, "
             "repetition_penalty: None, frequency_penalty: None, top_k: None, top_p: None, "
             f"typical_p: None, do_sample: {str(self.sampling).lower()}, max_new_tokens: "
             f'{max_new}, return_full_text: None, stop: ["</s>"], truncate: None, '
-            "watermark: false, details: true, decoder_input_details: false, "
+            f"watermark: false, details: true, decoder_input_details: {prefill}, "
             f"seed: {seed}, top_n_tokens: None, grammar: None, adapter_id: None }}"
         )
 
@@ -104,13 +118,14 @@ class Request:
     def events(self) -> list[Event]:
         """The request's events in the order TGI prints them."""
         start = self.start_us
-        events = [self._event("input", start + self.input_lag_us, "DEBUG", SERVER, 299,
+        input_line = 520 if self.streamed else 299
+        events = [self._event("input", start + self.input_lag_us, "DEBUG", SERVER, input_line,
                               f"Input: {self.prompt}", done=False)]  # fmt: skip
         if self.outcome != "ok":
             (target, line, children, message) = ERRORS[self.outcome]
-            if self.streamed:
+            if self.streamed and children:
                 children = ["async_stream", *children[1:]]
-            at = start + self.error_lag_us
+            at = start + self.input_lag_us + self.error_lag_us
             message = message.format(max_new_tokens=self.max_new_tokens)
             events.append(self._event("error", at, "ERROR", target, line, message, False, children))
             return events
@@ -146,6 +161,14 @@ class Event:
     done: bool
     children: list[str]
 
+    @property
+    def spanless(self) -> bool:
+        """Printed outside any span: a streaming ``/v1/completions`` request's ``Input:``
+        (``generate_stream_internal`` in a spawned task), a stream-only validation error."""
+        request = self.request
+        stream_input = self.kind == "input" and request.handler == "completions" and request.stream
+        return stream_input or (self.kind == "error" and request.outcome in STREAM_ERRORS)
+
     def text(self) -> list[str]:
         """The event as text lines (a prompt with newlines goes on over lines)."""
         request = self.request
@@ -156,7 +179,8 @@ class Event:
                 0, f"HTTP request{{http.route=/{request.handler} trace_id={request.trace_id}}}"
             )
         spans.extend(self.children)
-        head = f"{timestamp(self.at_us)} {self.level:>5} {':'.join(spans)}: "
+        scope = "" if self.spanless else f"{':'.join(spans)}: "
+        head = f"{timestamp(self.at_us)} {self.level:>5} {scope}"
         return f"{head}{self.where[0]}: {self.where[1]}:{self.line}: {self.message}".split("\n")
 
     def json(self) -> str:
@@ -177,6 +201,8 @@ class Event:
             "target": self.where[0], "filename": self.where[1], "line_number": self.line,
             "span": handler if detached else scope[-1], "spans": [] if detached else scope,
         }  # fmt: skip
+        if self.spanless:
+            del obj["span"], obj["spans"]
         return json.dumps(obj, ensure_ascii=False)
 
 
