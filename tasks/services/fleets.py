@@ -171,7 +171,8 @@ def router_restart_warms(
     restarted = {c["fleet"] for c in changes if c["router_restarted"]}
     fired = []
     for fleet in settings.fleets:
-        if not (fleet_state.router_seen(store, fleet.name) or {}).get("up"):
+        seen = fleet_state.router_seen(store, fleet.name) or {}
+        if fleet.name not in restarted and not seen.get("up"):  # (restarted: it answers)
             continue
         names = [e.name for e in settings.replicas_of(fleet.name) if e.name not in warmed]
         owed = fleet_state.take_road_failed(store, fleet.name, names)
