@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pipeline.fleet_roads import ROUTER_RESTARTED
-from tasks.adapters import fleet_state
+from tasks.adapters import fleet_state, replica_state
 from tasks.adapters.cooldowns import REPLICA_COOLDOWN_S
 from tests.integration.fleet_rig import FleetRig
 
@@ -72,9 +72,10 @@ def test_every_replica_is_warmed_again_as_soon_as_the_router_answers(rig):
     for round_, tag in enumerate(("the first restart", "a second restart, inside the cooldown")):
         fired = _restart_with_the_router_down(rig)
         restarts.append(time.monotonic())
+        seen = [replica_state.last_observation(rig.store, name) for name in _replicas(rig)]
         assert sorted(f["engine"] for f in fired if f["kind"] == "replica_restarted") == (
             _replicas(rig)
-        ), (round_, fired)
+        ), (round_, fired, seen)
         failed = [b for b in rig.warmups.batches if b["state"] != "committed"]
         assert failed, "the warm-ups through the router that is down should fail"
         owed = fleet_state.road_failed(rig.store, rig.name)
