@@ -1,7 +1,9 @@
 """The ``api`` service: health, Prometheus metrics, and the git webhooks.
 
-``GET /health`` answers 200 with JSON when the broker and the store answer, 503 naming what is
-down otherwise. ``GET /metrics`` exposes prewarm's own metrics: the process's default registry
+``GET /health`` answers 200 with JSON when the broker and the store answer — ``"status":
+"degraded"`` with a line per problem (a fleet's router down, its replicas not found, a plan with
+items not verified) and since when, ``"ok"`` with none — and 503 naming what is down otherwise.
+``GET /metrics`` exposes prewarm's own metrics: the process's default registry
 (where the webhook counters live), queue depths read from the broker, and the whole cluster's
 warm-up metrics (:mod:`tasks.adapters.telemetry`) and open WAL transactions read from the store,
 all at scrape time.
@@ -119,18 +121,35 @@ def _redis_status(url: str, role: str) -> str:
     return "ok"
 
 
-def health_payload(settings: Settings) -> tuple[int, dict[str, Any]]:
-    """Status code and body of ``/health``."""
+def _problem_lines(settings: Settings, now: float) -> list[str]:
+    """What makes prewarm not green (a router down, replicas not found, a plan with items not
+    verified), one line each with since when; none when the store cannot be read."""
+    from tasks.services.status import current_problems, problem_line
+
+    try:
+        found = current_problems(settings, probe_client(settings.store_redis_url), now)
+    except STORE_DOWN:
+        return []
+    return [problem_line(p, now) for p in found]
+
+
+def health_payload(settings: Settings, now: float | None = None) -> tuple[int, dict[str, Any]]:
+    """Status code and body of ``/health``: 503 ``unavailable`` when a Redis does not answer;
+    200 ``degraded``, naming each problem and since when, when prewarm runs but users may miss
+    (``prewarm status`` exits non-zero then too); 200 ``ok`` otherwise."""
+    now = time.time() if now is None else now
     checks = {"broker": _redis_status(settings.redis_url, "the Redis broker")}
     if settings.store_redis_url != settings.redis_url:
         checks["store"] = _redis_status(settings.store_redis_url, "the Redis store")
     healthy = all(value == "ok" for value in checks.values())
+    found = _problem_lines(settings, now) if healthy else []
     body = {
-        "status": "ok" if healthy else "unavailable",
+        "status": ("degraded" if found else "ok") if healthy else "unavailable",
         "service": SERVICE,
         "redis": checks,
+        "problems": found,
         "broker_url": redacted(settings.redis_url),
-        "time": time.time(),
+        "time": now,
     }
     return (200 if healthy else 503), body
 

@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     _register_commands(args)
     try:
-        app(args=argv, prog_name=PROG, standalone_mode=False)
+        # (without standalone mode click returns a command's ``typer.Exit`` code instead of
+        # exiting: ``prewarm status`` printed UNHEALTHY and exited 0)
+        code = app(args=argv, prog_name=PROG, standalone_mode=False)
     except PrewarmError as exc:
         _print_error(_one_line(exc))
         sys.exit(2)
@@ -231,3 +233,5 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _print_error(file_error_line(exc, args))  # a full disk, a file it may not write
         sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -2,7 +2,9 @@
 
 Sources and how far each was read, the last tick and its outcome, the model in use, the last
 plan and its results (warmed, verified, failed), the next tick. Exit status 1 when the loop is
-unhealthy (a periodic task or an engine's last tick failed).
+unhealthy (a periodic task or an engine's last tick failed) or users may miss: a fleet's router
+down, its replicas not found, an engine's last plan with items not verified — one ``problem:``
+line each, with since when.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _print(status: dict[str, Any], console: Console) -> None:
     console.print(f"loop: {health}, window {status['window_s']}s")
     for task, error in status["failing_tasks"].items():
         console.print(f"  failing: {task}: {error}")
+    for problem in status.get("problems", ()):
+        console.print(f"  problem: {problem['line']}")
     for fleet in status.get("fleets", ()):
         replicas = ", ".join(r["engine"] for r in fleet["replicas"]) or "none yet"
         console.print(f"fleet {fleet['fleet']}: {fleet['router']} {fleet['router_url']}, policy "

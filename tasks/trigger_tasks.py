@@ -19,6 +19,7 @@ from tasks.celery_app import queue_warm_now
 from tasks.services.fleets import look_at_fleets, router_restart_warms
 from tasks.services.ingest_triggers import process_ingest
 from tasks.services.replica_watch import watch_engine
+from tasks.services.status import current_problems
 from tasks.settings import current_settings
 
 
@@ -28,7 +29,9 @@ from tasks.settings import current_settings
 def replica_watch() -> dict[str, Any]:
     """Look at every configured engine once (beat runs this every ``schedule.replica_watch_s``):
     a replica that started, or a cache gone cold, queues a warm-up; each fleet's router is
-    asked for its replicas first (one it added is new here, and warmed)."""
+    asked for its replicas first (one it added is new here, and warmed), and a replica whose
+    warm-up through a router failed while it was down is warmed again once it answers. The
+    problems ``prewarm status`` shows, and their metrics, are brought up to date."""
     configured = current_settings()
     store = store_client(configured)
     settings, changes = look_at_fleets(configured, store)
@@ -38,8 +41,10 @@ def replica_watch() -> dict[str, Any]:
         for f in watch_engine(settings, store, engine, warm=queue_warm_now)
     ]
     warmed = {event["engine"] for event in fired}
-    fired += router_restart_warms(settings, store, changes, queue_warm_now, time.time(), warmed)
-    return {"engines": len(settings.engines), "warmed": fired}
+    now = time.time()
+    fired += router_restart_warms(settings, store, changes, queue_warm_now, now, warmed)
+    found = current_problems(configured, store, now)  # (and their metrics, every period)
+    return {"engines": len(settings.engines), "warmed": fired, "problems": len(found)}
 
 
 @shared_task(name="prewarm.events.after_ingest", base=PrewarmTask)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import redis
 
-from pipeline.triggers import TriggerEvent
+from pipeline.fleet_roads import ROUTER_RESTARTED
+from pipeline.triggers import REPLICA_READY, REPLICA_RESTARTED, TriggerEvent
 from tasks.adapters import redis_keys
 from tasks.adapters.telemetry import record_trigger
 
@@ -30,3 +31,15 @@ def cooldown_allows(store: redis.Redis, event: TriggerEvent, seconds: float | No
     key = redis_keys.TRIGGER_COOLDOWN.format(kind=event.kind, engine=event.engine)
     claimed = bool(store.set(key, str(event.ts), nx=True, px=max(1, int(period * 1000))))
     return record_trigger(store, event.engine, event.kind, claimed)
+
+
+#: the trigger kinds whose cooldown a replica's warm-up holds
+REPLICA_KINDS = (REPLICA_READY, REPLICA_RESTARTED, ROUTER_RESTARTED)
+
+
+def release_cooldowns(
+    store: redis.Redis, engine: str, kinds: tuple[str, ...] = REPLICA_KINDS
+) -> None:
+    """Free ``engine``'s cooldowns of ``kinds``: a warm-up that failed must not hold one (a
+    restart inside it would otherwise go unwarmed)."""
+    store.delete(*(redis_keys.TRIGGER_COOLDOWN.format(kind=k, engine=engine) for k in kinds))

@@ -54,3 +54,32 @@ def router_seen(store: redis.Redis, fleet: str) -> dict[str, Any] | None:
 
 def save_router_seen(store: redis.Redis, fleet: str, seen: dict[str, Any]) -> None:
     store.set(redis_keys.FLEET_ROUTER.format(fleet=fleet), json.dumps(seen))
+
+
+def remember_road_failed(
+    store: redis.Redis, fleet: str, engine: str, plan_id: str, now: float
+) -> None:
+    """Remember that ``engine``'s warm-up (plan ``plan_id``) through ``fleet``'s router failed
+    while the router did not answer: it is owed a warm-up once the router answers."""
+    key = redis_keys.FLEET_ROAD_FAILED.format(fleet=fleet)
+    store.hset(key, engine, json.dumps({"ts": now, "plan": plan_id}))
+
+
+def road_failed(store: redis.Redis, fleet: str) -> dict[str, dict[str, Any]]:
+    """The replicas of ``fleet`` owed a warm-up through its router (engine -> {ts, plan})."""
+    raw = store.hgetall(redis_keys.FLEET_ROAD_FAILED.format(fleet=fleet))
+    return {(k.decode() if isinstance(k, bytes) else str(k)): json.loads(v) for k, v in raw.items()}
+
+
+def take_road_failed(store: redis.Redis, fleet: str, engines: Iterable[str]) -> list[str]:
+    """Take ``engines``' owed warm-ups out of ``fleet``'s list, at once (two watchers cannot
+    both take one); returns the engines that had one."""
+    names = list(engines)
+    if not names:
+        return []
+    key = redis_keys.FLEET_ROAD_FAILED.format(fleet=fleet)
+    with store.pipeline(transaction=True) as pipe:
+        pipe.hmget(key, names)
+        pipe.hdel(key, *names)
+        owed, _ = pipe.execute()
+    return [name for name, raw in zip(names, owed, strict=True) if raw]

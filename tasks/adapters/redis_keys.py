@@ -62,6 +62,14 @@ FLEET_ROUTER = ROOT + ":fleets:{fleet}:router"
 #: the engine request ids of warm-ups sent through a router (zset: id -> when), which carry no
 #: id of prewarm's: a replica's log names them, and the loop leaves them out of demand
 FLEET_SENT = ROOT + ":fleets:sent"
+#: replicas whose warm-up through the fleet's router failed while the router did not answer
+#: (hash: engine -> JSON {ts, plan}); warmed again, and taken out, once the router answers
+FLEET_ROAD_FAILED = ROOT + ":fleets:{fleet}:road-failed"
+
+# --- problems -----------------------------------------------------------------------------------
+#: what makes ``prewarm status`` exit non-zero and ``/health`` say degraded, each with the time
+#: it was first seen (hash: ``<kind>:<subject>`` -> JSON {since, detail}); cleared when it goes
+PROBLEMS = ROOT + ":problems"
 
 # --- templates and webhooks ---------------------------------------------------------------------
 TEMPLATE_SERVING = ROOT + ":templates:{repo}:serving"

@@ -24,10 +24,13 @@ from pipeline.fleet_roads import Road, road_of
 from pipeline.planner.plan import WarmItem
 from pipeline.router_kinds import router_kind
 from pipeline.wal import FINAL_STATES, Effect, TxnState
+from tasks.adapters import fleet_state
+from tasks.adapters.cooldowns import release_cooldowns
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
 from tasks.adapters.engine_semaphore import EngineSemaphore
 from tasks.adapters.gateway_client import GatewayClient, GatewayLog
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.router_client import RouterClient
 from tasks.adapters.sources import gateway_log_files
 from tasks.adapters.store import Store, StoreError
 from tasks.adapters.targets import adapter as adapter_target
@@ -273,7 +276,21 @@ class BatchRunner:
             )  # fmt: skip
             ctx.wal, ctx.txn_id, ctx.owner = self.wal, txn.txn_id, owner
             renewals.append(lambda: self.wal.renew(txn.txn_id, owner))
-            return self._transaction(end, batch, ctx, started)
+            summary = self._transaction(end, batch, ctx, started)
+        if routed is not None and summary["state"] != "committed":
+            self._road_failed(engine, plan_id)
+        return summary
+
+    def _road_failed(self, engine: EngineSettings, plan_id: str) -> None:
+        """A batch through ``engine``'s fleet's router failed: if the router does not answer,
+        the replica is owed a warm-up once it does (the replica watch sends it), and the
+        failed warm-up frees the cooldown it took."""
+        fleet = self.settings.fleet(engine.fleet or "")
+        with RouterClient(fleet) as router:
+            if router.is_up():
+                return
+        fleet_state.remember_road_failed(self.store, fleet.name, engine.name, plan_id, time.time())
+        release_cooldowns(self.store, engine.name)
 
     def _transaction(
         self, end: _BatchEnd, batch: int, ctx: BatchContext, started: float

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.errors import BadInputError
-from tasks.adapters import redis_keys, replica_holdings
+from tasks.adapters import problems, redis_keys, replica_holdings
 from tasks.adapters.connections import redacted
 from tasks.adapters.observations import Observations, models_root
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.sources import SourceStates, source_id
 from tasks.adapters.store import Store
 from tasks.adapters.task_health import failing_tasks
+from tasks.adapters.telemetry import record_unverified
 from tasks.services.fleets import fleet_settings, fleet_status
 from tasks.settings import EngineSettings, Settings
 
@@ -56,6 +58,46 @@ def plan_progress(store: Store, outcome: dict[str, Any] | None) -> dict[str, Any
             "warm_seconds": report.get("seconds")}  # fmt: skip
 
 
+def last_plan(store: Store, engine: str) -> dict[str, Any] | None:
+    """The outcome of ``engine``'s latest plan, of whatever reason (None: no plan yet)."""
+    plans = [json.loads(v) for v in store.hvals(redis_keys.LOOP_LAST_PLANS.format(engine=engine))]
+    return max(plans, key=lambda o: o.get("started", 0), default=None)
+
+
+def _unverified(progress: dict[str, Any] | None) -> str | None:
+    """What is wrong with a plan's progress: items not verified (None: none, or no plan)."""
+    if not progress or not progress.get("failed"):
+        return None
+    return (
+        f"last plan {progress['plan_id']} ({progress['reason']}): {progress['failed']} of "
+        f"{progress['warmed']} items not verified"
+    )
+
+
+def current_problems(settings: Settings, store: Store, now: float) -> list[problems.Problem]:
+    """Every problem now, oldest first: those the fleet looks marked (a router down, replicas
+    not found) and each engine's last plan with items not verified, marked here at ``now``
+    (with its metric, ``prewarm_plan_items_unverified``)."""
+    current = fleet_settings(settings, store)
+    unverified = {}
+    for engine in current.engines:
+        progress = plan_progress(store, last_plan(store, engine.name))
+        problems.mark(store, problems.PLAN_UNVERIFIED, engine.name, _unverified(progress), now)
+        unverified[engine.name] = int((progress or {}).get("failed") or 0)
+    record_unverified(store, unverified)
+    subjects = {f.name for f in settings.fleets} | set(unverified)
+    return [p for p in problems.current(store) if p.subject in subjects]
+
+
+def problem_line(problem: problems.Problem, now: float) -> str:
+    """One line for ``problem``: what, about what, and since when (UTC, and how long ago)."""
+    since = datetime.fromtimestamp(problem.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        f"{problem.kind} {problem.subject}: {problem.detail} (since {since}, "
+        f"{max(0, round(now - problem.since))}s ago)"
+    )
+
+
 def sources_status(settings: Settings, store: Store, engine: str) -> list[dict[str, Any]]:
     """Each configured source of ``engine`` and how far it was read (never read: no status)."""
     seen = SourceStates(store).statuses(engine)
@@ -73,11 +115,7 @@ def engine_status(
     now = time.time() if now is None else now
     name = engine.name
     last_tick = _json(store.get(redis_keys.LOOP_LAST_TICK.format(engine=name)))
-    plans = {
-        (k.decode() if isinstance(k, bytes) else k): json.loads(v)
-        for k, v in store.hgetall(redis_keys.LOOP_LAST_PLANS.format(engine=name)).items()
-    }
-    latest = max(plans.values(), key=lambda o: o.get("started", 0), default=None)
+    latest = last_plan(store, name)
     next_tick = store.get(redis_keys.LOOP_NEXT_TICK.format(engine=name))
     return {
         "engine": name,
@@ -94,22 +132,26 @@ def engine_status(
     }
 
 
-def loop_status(settings: Settings, store: Store) -> dict[str, Any]:
+def loop_status(settings: Settings, store: Store, now: float | None = None) -> dict[str, Any]:
     """Status of every engine (each fleet's replicas among them), every fleet, the periodic
-    tasks that are failing, and overall health."""
+    tasks that are failing, the problems (each since when), and overall health."""
+    now = time.time() if now is None else now
     current = fleet_settings(settings, store)
-    engines = [engine_status(current, store, e) for e in current.engines]
+    engines = [engine_status(current, store, e, now) for e in current.engines]
     failing = failing_tasks(store)
     broken = {e["engine"]: e["last_tick"]["error"] for e in engines
               if e["last_tick"] and e["last_tick"].get("status") == "failed"}  # fmt: skip
-    return {"healthy": not failing and not broken, "failing_tasks": failing,
+    found = current_problems(settings, store, now)
+    return {"healthy": not failing and not broken and not found, "failing_tasks": failing,
             "failing_engines": broken, "window_s": settings.schedule.window_s,
+            "problems": [{**p.to_dict(), "line": problem_line(p, now)} for p in found],
             "engines": engines, "fleets": fleet_status(settings, store)}  # fmt: skip
 
 
-def loop_problems(settings: Settings, store: Store) -> list[str]:
+def loop_problems(settings: Settings, store: Store, now: float | None = None) -> list[str]:
     """One line per thing that makes the loop unhealthy (empty: healthy)."""
-    status = loop_status(settings, store)
+    status = loop_status(settings, store, now)
     lines = [f"periodic task {t} failed: {e}" for t, e in status["failing_tasks"].items()]
     lines += [f"engine {n}: last tick failed: {e}" for n, e in status["failing_engines"].items()]
+    lines += [p["line"] for p in status["problems"]]
     return lines

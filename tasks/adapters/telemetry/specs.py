@@ -126,6 +126,20 @@ SPECS: dict[str, MetricSpec] = {
     "prewarm_fleet_router_restarts_total": counter(
         "Restarts of the fleet's router seen by the watcher", ("fleet",)
     ),
+    "prewarm_fleet_replicas_undiscoverable": gauge(
+        "1 while a fleet that takes its replicas from its router (or DNS) cannot read them or "
+        "reads none, else 0",
+        ("fleet",),
+    ),
+    "prewarm_plan_items_unverified": gauge(
+        "Items of the engine's last plan not verified (failed to warm, or not held where its "
+        "users land)"
+    ),
+    "prewarm_fleet_road_retries_total": counter(
+        "Replicas warmed again through the router once it answered, after a warm-up through it "
+        "failed while it was down",
+        ("fleet",),
+    ),
 }
 
 

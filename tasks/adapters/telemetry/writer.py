@@ -270,9 +270,11 @@ def record_fleet(
     dropped: Iterable[tuple[str, str, str]] = (),
     router_up: bool | None = None,
     router_restarted: bool = False,
+    undiscoverable: bool | None = None,
 ) -> None:
     """One look at a fleet: its replicas (engine → (policy, road)), the ones it dropped (engine,
-    policy, road), whether its router answered, and whether it restarted."""
+    policy, road), whether its router answered, whether it restarted, and whether its replicas
+    could not be found (None: it does not look for them)."""
     gauges: dict[Series, float | None] = {
         ("prewarm_fleet_replica", (fleet, engine, policy, road)): 1.0
         for engine, (policy, road) in replicas.items()
@@ -280,9 +282,30 @@ def record_fleet(
     gauges.update({("prewarm_fleet_replica", (fleet, *gone)): 0.0 for gone in dropped})
     if router_up is not None:
         gauges[("prewarm_fleet_router_up", (fleet,))] = 1.0 if router_up else 0.0
+    if undiscoverable is not None:
+        gauges[("prewarm_fleet_replicas_undiscoverable", (fleet,))] = float(undiscoverable)
     with store.pipeline(transaction=False) as pipe:
         series = _SeriesWriter(pipe)
         series.set(gauges)
         if router_restarted:
             series.add("prewarm_fleet_router_restarts_total", (fleet,), 1)
         pipe.execute()
+
+
+def record_unverified(store: redis.Redis, unverified: Mapping[str, int]) -> None:
+    """Items of each engine's last plan not verified (0: every item verified, or no plan)."""
+    if not unverified:
+        return
+    with store.pipeline(transaction=False) as pipe:
+        _SeriesWriter(pipe).set(
+            {("prewarm_plan_items_unverified", (e,)): float(n) for e, n in unverified.items()}
+        )
+        pipe.execute()
+
+
+def record_road_retries(store: redis.Redis, fleet: str, count: int) -> None:
+    """Replicas of ``fleet`` warmed again through its router once it answered."""
+    if count:
+        with store.pipeline(transaction=False) as pipe:
+            _SeriesWriter(pipe).add("prewarm_fleet_road_retries_total", (fleet,), count)
+            pipe.execute()

@@ -1,0 +1,95 @@
+"""Replicas restarted while their router is down: their warm-ups through it fail (connection
+refused) and roll back; each is remembered, and warmed again through the router at the first
+look of the replica watch that finds it answering — every one of them, and again after a second
+restart well inside the replica cooldown (30 s) — not at the next window tick. Simulator
+replicas behind the real ``vllm-router`` (``cache_aware``: the road goes through the router)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pipeline.fleet_roads import ROUTER_RESTARTED
+from tasks.adapters import fleet_state, replica_state
+from tasks.adapters.cooldowns import REPLICA_COOLDOWN_S
+from tests.integration.fleet_rig import FleetRig
+
+pytestmark = pytest.mark.integration
+
+TEMPLATES = 8
+#: the replica watch's default period (``schedule.replica_watch_s``)
+WATCH_S = 10.0
+
+
+@pytest.fixture
+def rig(tmp_path, store, store_url):
+    fleet = FleetRig(tmp_path, "cache_aware", 3, store, store_url).start()
+    yield fleet
+    fleet.stop()
+
+
+def _restart_with_the_router_down(rig: FleetRig) -> list[dict]:
+    """The router down, every replica restarted, the watch looking: what it fired."""
+    rig.router.stop()
+    fired = rig.poll()  # the router is seen down
+    for replica in rig.replicas:
+        replica.restart()
+    return fired + rig.poll()
+
+
+def _router_back(rig: FleetRig) -> tuple[list[dict], float]:
+    """The router answers again; the watch's looks until every replica owed a warm-up has had
+    it (at most two): what they fired, and the seconds from the router's answer to the end."""
+    rig.router.start()
+    back = time.monotonic()
+    fired: list[dict] = []
+    for _ in range(2):
+        fired += rig.poll()
+        if not fleet_state.road_failed(rig.store, rig.name):
+            break
+    return fired, time.monotonic() - back
+
+
+def _users_at_once(rig: FleetRig, uses: int) -> None:
+    """Every template's users at once, ``uses`` times (sent one after another, every template
+    lands on the one replica the router finds least loaded, and the others have no history)."""
+    with ThreadPoolExecutor(TEMPLATES) as pool:
+        for round_ in range(uses):
+            questions = [f"Question {round_} about case {n}?" for n in range(TEMPLATES)]
+            list(pool.map(rig.send, range(TEMPLATES), questions))
+
+
+def _replicas(rig: FleetRig) -> list[str]:
+    return sorted(rig.replica_name(r) for r in rig.replicas)
+
+
+def test_every_replica_is_warmed_again_as_soon_as_the_router_answers(rig):
+    _users_at_once(rig, uses=3)
+    rig.observe()
+    restarts: list[float] = []
+    for round_, tag in enumerate(("the first restart", "a second restart, inside the cooldown")):
+        fired = _restart_with_the_router_down(rig)
+        restarts.append(time.monotonic())
+        seen = [replica_state.last_observation(rig.store, name) for name in _replicas(rig)]
+        assert sorted(f["engine"] for f in fired if f["kind"] == "replica_restarted") == (
+            _replicas(rig)
+        ), (round_, fired, seen)
+        failed = [b for b in rig.warmups.batches if b["state"] != "committed"]
+        assert failed, "the warm-ups through the router that is down should fail"
+        owed = fleet_state.road_failed(rig.store, rig.name)
+        assert sorted(owed) == _replicas(rig), owed
+        batches_before = len(rig.warmups.batches)
+        fired, seconds = _router_back(rig)
+        retried = sorted(f["engine"] for f in fired if f.get("retry"))
+        assert retried == _replicas(rig), fired
+        assert {f["kind"] for f in fired} == {ROUTER_RESTARTED}
+        assert fleet_state.road_failed(rig.store, rig.name) == {}
+        after = rig.warmups.batches[batches_before:]
+        assert after and all(b["state"] == "committed" for b in after), after
+        assert seconds < 2 * WATCH_S, seconds  # within two replica-watch periods
+        if round_ == 1:  # the second restart came inside the first one's cooldown
+            assert restarts[1] - restarts[0] < REPLICA_COOLDOWN_S, restarts
+        first = rig.first_uses(TEMPLATES, tag)
+        assert sum(hit for hit, _ in first.values()) == TEMPLATES, (tag, first)
