@@ -198,7 +198,10 @@ class BatchRunner:
             return None
         replicas = {e.name: self.client(e, options) for e in self.settings.replicas_of(fleet.name)}
         text_keyed = fleet.policy in router_kind(fleet.router).text_keyed
-        return RoutedFleet(self.client(engine, options, fleet.router_url), replicas, text_keyed)
+        # (a road named on the plan is the one taken after the router restarted)
+        spread = options.road == Road.THROUGH_ROUTER.value
+        router = self.client(engine, options, fleet.router_url)
+        return RoutedFleet(router, replicas, text_keyed=text_keyed, spread=spread)
 
     def semaphore(self, engine: EngineSettings, routed: bool) -> EngineSemaphore:
         """The slot a batch of ``engine`` holds while it runs: one of the engine's own

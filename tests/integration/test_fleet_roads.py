@@ -6,6 +6,8 @@ spread one (``round_robin``) on every replica from the records of all of them.""
 from __future__ import annotations
 
 import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -118,3 +120,30 @@ def test_a_restarted_router_that_remembers_is_warmed_through(store, store_url, t
     plan = through_router(WarmPlan("p", kv_replica.name, ()))
     assert WarmPlan.from_json(plan.to_json()).road == "through-router"
     assert runner.routed(kv_replica, WarmOptions(road=plan.road)) is not None
+
+
+@pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
+def test_after_a_router_restart_the_warm_ups_are_spread_not_piled_on_one_replica(
+    router, tmp_path, store, store_url
+):
+    """Users spread over the replicas (3/3/2 for 8 templates sent at once); the router restarts
+    with an empty memory; sent one by one, every prime — and every user after — landed on one
+    replica (8/0/0). Sent in groups at once, the router places them by load."""
+    rig = FleetRig(tmp_path, "cache_aware", 3, store, store_url, 280, router=router).start()
+    try:
+        questions = [(n, f"Q{round_} on {n}?") for round_ in range(3) for n in range(TEMPLATES * 2)]
+        for start in range(0, len(questions), TEMPLATES * 2):  # a round's users at once
+            with ThreadPoolExecutor(TEMPLATES * 2) as pool:
+                list(pool.map(lambda q: rig.send(*q), questions[start : start + TEMPLATES * 2]))
+        before = Counter(r for _, r in rig.first_uses(TEMPLATES * 2, "before").values())
+        rig.observe()
+        rig.router.restart()
+        assert sorted(f["kind"] for f in rig.poll()) == ["router_restarted"] * 3
+        first = rig.first_uses(TEMPLATES * 2, "after")
+        after = Counter(replica for _, replica in first.values())
+        print(f"\n{router}: users per replica before {sorted(before.values())}, "
+              f"after the restart {sorted(after.values())}")  # fmt: skip
+        assert sum(hit for hit, _ in first.values()) == TEMPLATES * 2, first
+        assert len(after) >= 2 and max(after.values()) <= 5, (before, after)
+    finally:
+        rig.stop()

@@ -32,6 +32,9 @@ class RoutedFleet:
     #: the router keys its memory on a request's text (sglang-router's ``cache_aware``): a
     #: prefix rendered from a chat is primed as that chat (:mod:`pipeline.chat_forms`)
     text_keyed: bool = False
+    #: the router restarted (its memory is empty): primes go in groups at once first, so it
+    #: places them by load over the replicas (:func:`tasks.adapters.targets.routed.spread`)
+    spread: bool = False
 
     def lookups(self) -> dict[str, float | None]:
         """Each replica's prefix-cache lookups so far (tokens; None: it publishes none)."""

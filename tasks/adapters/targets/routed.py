@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from pipeline.chat_forms import chat_messages
@@ -103,16 +104,48 @@ def _send(
     return after
 
 
+def spread(
+    items: Sequence[WarmItem], routed: RoutedFleet, results: Sequence[ItemResult]
+) -> list[str]:
+    """The first pass after a router restart: primes sent in groups of as many as the fleet
+    has replicas, each group at once. A router whose memory is empty places a prefix it has
+    not seen by load, ties to the same worker: sent one by one, every prime — and so every
+    user after them — landed on one replica (8/0/0, where the users had been spread 3/3/2,
+    on simulator replicas behind sglang-router 0.3.2 and vllm-router 0.1.17 ``cache_aware``).
+    Sent together, each goes to the least loaded replica. Returns the engine request ids."""
+    size = max(1, len(routed.replicas))
+
+    def prime(pair: tuple[WarmItem, ItemResult]) -> str:
+        item, result = pair
+        max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
+        sent = as_users_send(item) if routed.text_keyed else item
+        try:
+            return routed.router.complete(sent, max_tokens=max_tokens).request_id
+        except PrewarmError as exc:
+            result.fail(str(exc))
+            return ""
+
+    pairs = list(zip(items, results, strict=True))
+    with ThreadPoolExecutor(size, thread_name_prefix="prewarm-spread") as pool:
+        return [rid for n in range(0, len(pairs), size)
+                for rid in pool.map(prime, pairs[n : n + size])]  # fmt: skip
+
+
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
-    """Send every prefix (and shape) through the router, one per request, in plan order."""
-    assert ctx.routed is not None  # (only routed batches come here)
+    """Send every prefix (and shape) through the router, one per request, in plan order; after
+    a router restart (``routed.spread``), first in groups at once (:func:`spread`), then each
+    again alone, which the router sends where it placed it and whose landing is read there."""
+    routed = ctx.routed
+    assert routed is not None  # (only routed batches come here)
     irreversible(items, ctx, "prime")
     results = [ItemResult(item.key, item.kind) for item in items]
-    lookups = ctx.routed.lookups()
+    sent = spread(items, routed, results) if routed.spread else []
+    lookups = routed.lookups()
     for item, result in zip(items, results, strict=True):
-        lookups = _send(item, ctx.routed, result, lookups)
-    sent = [r.prime.request_id for r in results if r.prime is not None]
-    fleet_state.remember_sent(ctx.store, sent, time.time())
+        if result.ok:
+            lookups = _send(item, routed, result, lookups)
+    sent += [r.prime.request_id for r in results if r.prime is not None]
+    fleet_state.remember_sent(ctx.store, [rid for rid in sent if rid], time.time())
     return results
 
 
