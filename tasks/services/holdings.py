@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +35,12 @@ from pipeline.kv_holdings import chain_content_keys
 from pipeline.planner.plan import WarmItem
 from tasks.adapters import replica_holdings
 from tasks.adapters.engine_client import EngineClient, RetryPolicy
+from tasks.adapters.engine_semaphore import EngineSemaphore
 from tasks.adapters.engine_tokens import engine_cache
 from tasks.adapters.kv_state import KvStateStore
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.store import Store
+from tasks.services.batch_runner import ROUTED_SLOT
 from tasks.settings import EngineSettings, Settings
 
 #: failures named in a plan's holdings record (the rest are counted)
@@ -124,10 +127,29 @@ def _probe(client: EngineClient, item: WarmItem, block: int | None) -> tuple[boo
     return False, f"{probe.cached_tokens} of {need} tokens cached"
 
 
+def _quiet_fleet(
+    engine: EngineSettings, store: Store, hold_s: float
+) -> AbstractContextManager[Any]:
+    """The fleet's road through its router, held while a replica of it is probed: a prime
+    through the router is placed by the one replica whose lookups grew, and a probe at the same
+    moment would make it two."""
+    if engine.fleet is None:
+        return nullcontext()
+    return EngineSemaphore(store, f"{ROUTED_SLOT}{engine.fleet}", 1, hold_s=hold_s).slot()
+
+
 def check_replica(
+    engine: EngineSettings, store: Store, items: Sequence[WarmItem], found: Holdings,
+    hold_s: float = 600.0,
+) -> None:  # fmt: skip
+    """Check ``items`` (plan order) on replica ``engine``, adding what was found to ``found``."""
+    with _quiet_fleet(engine, store, hold_s):
+        _check_replica(engine, store, items, found)
+
+
+def _check_replica(
     engine: EngineSettings, store: Store, items: Sequence[WarmItem], found: Holdings
 ) -> None:
-    """Check ``items`` (plan order) on replica ``engine``, adding what was found to ``found``."""
     by_events = _by_events(engine, store, items)
     block = _block_size(engine) if len(by_events) < len(items) else None
     client = EngineClient(engine, timeout_s=30.0, retry=RetryPolicy(attempts=2))
@@ -159,7 +181,7 @@ def check_plan_holdings(
             found.missing[replica] = [item.key for item in items]
             found.why.append(f"{len(items)} items on {replica}: the replica left the fleet")
             continue
-        check_replica(engine, store, items, found)
+        check_replica(engine, store, items, found, settings.wal_lease_s)
     record = found.to_dict()
     plans.record_holdings(plan_id, record)
     for replica in set(found.held) | set(found.missing):
