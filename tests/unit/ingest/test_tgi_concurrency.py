@@ -28,15 +28,15 @@ from pipeline.ingest.chunk import ChunkResult
 from pipeline.ingest.parse import heads_frame
 from pipeline.ingest.summary import Rejects
 from pipeline.ingest.tgi import TgiChunkParser, arrival_ts
-from tests.unit.ingest.tgi_lines import STREAM_ERRORS, Event, Request, timestamp
+from tests.unit.ingest.tgi_lines import (
+    ENDPOINT,
+    START_US,
+    STREAM_ERRORS,
+    Event,
+    Request,
+    timestamp,
+)
 
-START_US = 1_748_943_720_000_000
-ENDPOINT = {
-    "generate": "/generate",
-    "generate_stream": "/generate_stream",
-    "chat_completions": "/v1/chat/completions",
-    "completions": "/v1/completions",
-}
 #: same-key clocks start this far apart where ``Input:`` lines lag up to 1 ms
 SEPARATION_US = 2 * 1000 + 50
 

@@ -17,15 +17,14 @@ import pytest
 
 from jobs.cli import main
 from pipeline.ingest.sinks import read_records
-from tests.unit.ingest.tgi_lines import STREAM_ERRORS, Event, Request, timestamp
-
-START_US = 1_748_943_720_000_000
-ENDPOINT = {
-    "generate": "/generate",
-    "generate_stream": "/generate_stream",
-    "chat_completions": "/v1/chat/completions",
-    "completions": "/v1/completions",
-}
+from tests.unit.ingest.tgi_lines import (
+    ENDPOINT,
+    START_US,
+    STREAM_ERRORS,
+    Event,
+    Request,
+    timestamp,
+)
 
 
 def _request(i: int, handler: str, start_ms: float, lag_us: int, **shape: object) -> Request:

@@ -31,6 +31,15 @@ ERRORS = {
 STREAM_ERRORS = ("best_of", "prefill_details")
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
+#: the first request's clock, and each TGI handler's route
+START_US = 1_748_943_720_000_000
+ENDPOINT = {
+    "generate": "/generate",
+    "generate_stream": "/generate_stream",
+    "chat_completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+}
+
 
 @dataclass
 class Request:
