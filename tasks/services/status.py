@@ -149,9 +149,11 @@ def loop_status(settings: Settings, store: Store, now: float | None = None) -> d
 
 
 def loop_problems(settings: Settings, store: Store, now: float | None = None) -> list[str]:
-    """One line per thing that makes the loop unhealthy (empty: healthy)."""
+    """One line per failure of prewarm's own periodic work (empty: beat is healthy). A fleet's
+    problems (a router down, replicas not found, items not held) are the fleet's, not beat's:
+    ``prewarm status`` and the api's ``/health`` report them, and a beat restarted for them by
+    its container's probe would fix none."""
     status = loop_status(settings, store, now)
     lines = [f"periodic task {t} failed: {e}" for t, e in status["failing_tasks"].items()]
     lines += [f"engine {n}: last tick failed: {e}" for n, e in status["failing_engines"].items()]
-    lines += [p["line"] for p in status["problems"]]
     return lines
