@@ -7,7 +7,8 @@ After (a) a rolling restart, (b) a restart of the router and every replica, and 
 again with the eight users arriving at once: at least 90% of the templates are served from
 cache on their first use, and no item is reported verified (held, after its plan, on a replica)
 for a template whose first use missed. Prints the table: scenario, first uses from cache, items
-reported held for templates that missed. (The replicas are the engine SIMULATOR.)"""
+reported held for templates that missed. (The replicas are the engine SIMULATOR.) About four
+minutes: behind the ``slow`` marker (``python -m pytest -m slow -s`` on this file)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tests.integration.fleet_rig import Fleet, _read_from
 from tests.integration.test_compose import LocalStack
 from tests.integration.test_fleet_matrix import SERVICES, plans_since, settings_text, settle
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TEMPLATES, USES, REPLICAS, WORDS = 8, 3, 3, 280
 #: a replica restarted twice within this is warmed once (tasks.adapters.cooldowns)
