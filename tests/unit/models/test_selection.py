@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -16,6 +18,7 @@ from models.selection import (
     FIRST_TIER_ORIGIN,
     SelectedForecaster,
     choose,
+    indistinct_baseline,
     load_selected,
     saved_selection,
     selection_metadata,
@@ -173,19 +176,88 @@ def test_a_candidate_that_loses_to_a_baseline_at_one_budget_is_never_chosen():
     assert choose(worse_mae) == "last_window"
 
 
-def test_the_backtest_reaches_back_as_far_as_the_time_budget_allows(moving):
+def test_the_backtest_is_sized_in_origins_and_refits_with_the_last_origin_on_its_own(moving):
     from models.backtest import plan_backtest, run_backtest
 
-    plan = plan_backtest(moving.n_windows - 1, 1, 12, 8, 6)
-    assert plan is not None and plan.learning and len(plan.blocks()) == 8
-    ticks = itertools.chain([0], itertools.count())  # a second later at every block: 1 s each
-    models = dict(baselines())
-    scored = run_backtest(moving, models, plan, (3,), time_budget_s=3.5,
-                          clock=lambda: float(next(ticks)))  # fmt: skip
-    latest = plan.blocks()[:3]  # 3 blocks fit in 3.5 s, the fourth would not
-    assert scored.origins[0] == latest[-1][0] and scored.origins[-1] == plan.last_t
-    everything = run_backtest(moving, models, plan, (3,))
-    assert everything.origins[0] == plan.first_t
+    plan = plan_backtest(moving.n_windows - 1, 1, 12, 8, 6, requested=41)
+    assert plan is not None and plan.learning and plan.origins == 41
+    blocks = plan.blocks()
+    assert len(blocks) == 9 and blocks[-1] == (plan.last_t, plan.last_t)  # 8 refits, then the last
+    assert [first for first, _ in blocks] == sorted(first for first, _ in blocks)  # oldest first
+    covered = [t for first, last in blocks for t in range(first, last + 1)]
+    assert covered == list(range(plan.first_t, plan.last_t + 1))
+    scored = run_backtest(moving, dict(baselines()), plan, (3,))
+    assert list(scored.origins) == covered and scored.cpu_seconds > 0
+
+
+#: A candidate of each kind: plain (a baseline), blended (of baselines; of LightGBM and the moving
+#: average) and tiered.
+KINDS = ("ewma", "recency_blend", "lightgbm_median_blend", "tiered_calibrated")
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_selected_model_ranks_at_the_last_origin_as_its_backtest_scored_it(
+    moving, monkeypatch, name
+):
+    from models import selection
+
+    monkeypatch.setattr(selection, "choose", lambda backtest: name)  # this kind wins
+    selected = SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
+    assert selected.winner_name_ == name
+    backtest, t = selected.backtest_, selected.plan_.last_t
+    assert backtest.origins[-1] == t
+    seen = moving.seen_by(t)
+    ranking = seen[np.argsort(-selected.predict_at(moving, t, seen), kind="stable")]
+    actual = moving.requests[:, t + 1]
+    scored = backtest.captured[backtest.models.index(name), :, -1]
+    assert [actual[ranking[:k]].sum() for k in (2, 5)] == list(scored)
+    if name == "tiered_calibrated":  # the tiers it was scored with, in the report
+        assert selected.report()["tiers"] == list(selected.winner_.tiers)
+
+
+def test_the_same_history_gets_the_same_choice_and_table_on_a_loaded_machine(moving):
+    def select() -> SelectedForecaster:
+        return SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
+
+    idle = select()
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(max(2, os.cpu_count() or 2))
+    ]  # every core busy while the selection runs
+    try:
+        busy = select()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert busy.winner_name_ == idle.winner_name_
+    pd.testing.assert_frame_equal(busy.table_, idle.table_)
+    assert busy.report()["margin"] == idle.report()["margin"]
+
+
+def test_a_short_history_keeps_a_baseline_the_backtest_cannot_tell_from_the_best():
+    matrix = CountMatrix.from_counts(counts_from_matrix(_moving_day(days=1)[:, :30], WINDOW))
+    selected = SelectedForecaster((3,)).fit(matrix)
+    assert selected.winner_name_ in baselines()
+    assert "short history (30 windows" in selected.note_
+    assert f"kept the baseline {selected.winner_name_}" in selected.note_
+    longer = SelectedForecaster((3,), short_history=20).fit(matrix)
+    assert "short history" not in longer.note_
+
+
+def test_the_simplest_baseline_within_the_noise_of_the_best_is_the_indistinct_one():
+    best = [[8, 9, 7, 8]]
+    close = [[7, 10, 6, 8]]  # behind by 1 in all, SE 1.9: the backtest cannot tell
+    far = [[5, 5, 5, 5]]  # behind by 3 at every origin: told apart
+    errors = {"last_window": STEADY, "moving_average": STEADY, "ewma": STEADY}
+    table = _backtest({"last_window": far, "moving_average": close, "ewma": best}, errors)
+    assert indistinct_baseline(table) == "moving_average"
+    worse_mae = {**errors, "moving_average": [1.5, 1.5, 1.5, 1.5]}
+    table = _backtest({"last_window": far, "moving_average": close, "ewma": best}, worse_mae)
+    assert indistinct_baseline(table) == "ewma"
+    errors = {"last_window": STEADY, "lightgbm_poisson": STEADY}
+    table = _backtest({"last_window": far, "lightgbm_poisson": best}, errors)
+    assert indistinct_baseline(table) == "last_window"  # the only baseline is its own best
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
