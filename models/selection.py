@@ -39,10 +39,10 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
    nowhere (:func:`beats`).
 
 On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
-engine) the backtest's few origins cannot tell most candidates apart, so the choice prefers a
-baseline: the simplest one the backtest cannot tell apart from the best baseline at every budget
-and in MAE (:func:`indistinct_baseline`), and the note says so; only when there is none does the
-choice above decide.
+engine) the backtest's few origins cannot tell most candidates apart, so LightGBM does not
+compete and the choice prefers a baseline: the simplest one the backtest cannot tell apart from
+the best baseline at every budget and in MAE (:func:`indistinct_baseline`), and the note says
+so; only when there is none does the choice above decide.
 
 The winner does the predicting as the backtest scored it: the very candidate fitted at the
 backtest's last origin (its tiers, rankers and weights learned once, on the history up to that
@@ -319,7 +319,9 @@ class SelectedForecaster(HotnessModel):
         the winner as the backtest fitted it at the last one; returns ``self``."""
         started, cpu = time.perf_counter(), time.process_time()
         end = _until(matrix, until)
-        needed = self.min_learning_windows if self.learning else end + 2
+        short = end + 1 < self.short_history
+        # A short history's few origins cannot vouch for a learner: it does not compete.
+        needed = self.min_learning_windows if self.learning and not short else end + 2
         plan = plan_backtest(end, self.horizon, needed, MAX_REFITS, MIN_LEARNING_ORIGINS,
                              self.backtest)  # fmt: skip
         if plan is None:
@@ -335,7 +337,6 @@ class SelectedForecaster(HotnessModel):
         if self.budgets:
             rankers = self._rankers_backtest(matrix, models, plan) if plan.learning else None
             models, scored = with_tiered(matrix, models, scored, plan, self, rankers)
-        short = end + 1 < self.short_history
         kept = indistinct_baseline(scored) if short else None
         self.winner_name_ = kept or choose(scored)
         self.backtest_ = scored
@@ -343,7 +344,8 @@ class SelectedForecaster(HotnessModel):
         self.margin_ = margin(scored, self.winner_name_)
         # What the backtest scored at its last origin, not a refit that could rank otherwise.
         self.winner_ = models[self.winner_name_]
-        self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows)
+        self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows,
+                           self.short_history)  # fmt: skip
         if short:
             self.note_ += "; " + _short_note(end + 1, self.short_history, kept)
         self.backtest_span_ = (matrix.window_start(plan.first_t), matrix.window_start(end))
@@ -424,14 +426,15 @@ def _short_note(history: int, short: int, kept: str | None) -> str:
             f"tell apart from the best at every budget, so chosen as on a long one")  # fmt: skip
 
 
-def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
+def _note(learning: bool, wanted: bool, history: int, needed: int, short: int) -> str:
     if learning:
         return "baselines, blends, tiered rankings and LightGBM compared"
     if not wanted:
         return "baselines, blends and tiered rankings only (LightGBM not asked for)"
     return (
         f"baselines, blends and tiered rankings only: {history} window(s) of history, too few for "
-        f"LightGBM (it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
+        f"LightGBM (it needs {short} windows, {needed} before the backtest and "
+        f"{MIN_LEARNING_ORIGINS} origins in it)"
     )
 
 
