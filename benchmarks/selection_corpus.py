@@ -18,7 +18,7 @@ Usage::
 
     python benchmarks/selection_corpus.py [--regime conversations|heads] [--seeds 9-20]
         [--window 5min] [--budgets 20,100,1000] [--minutes M] [--rate R] [--heads 12]
-        [--refit-every 12] [--json F]
+        [--refit-every 12] [--trace conversation_trace.jsonl] [--json F]
 
 The conversations default to an hour at the public trace's ~200 requests a minute and its
 budgets of 100 and 1,000 blocks; the heads to 40 minutes at 40 requests a minute and budgets of
@@ -42,6 +42,8 @@ from benchmarks.block_traces import ConversationShape, Shape, TraceShape, trace_
 from models.baselines import baselines
 from models.selection import SelectedForecaster
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, held_out_margins, walk_forward
+from pipeline.ingest.traces import read_mooncake
+from pipeline.windows import item_window_counts
 
 #: The budgets of each regime: the public trace's 100 and 1,000 blocks for conversations at
 #: its rate; scaled to a fifth for the shared heads' ~40 requests a minute.
@@ -114,6 +116,23 @@ def shape_of(
     return TraceShape(minutes=minutes, rate=rate, heads=heads)
 
 
+def report(
+    name: str, counts: pd.DataFrame, refit_every: int, budgets: tuple[int, ...], window: str
+) -> dict[str, Any]:
+    """One trace's margins, whether the property holds, and the winners; printed."""
+    margins, winners = held_out(counts, refit_every, budgets)
+    lead = {row.budget: round(row.margin, 2) for row in margins.itertuples()}
+    noise = {row.budget: round(row.se, 2) for row in margins.itertuples()}
+    result = {"trace": name, "window": window, "lead_points": lead, "lead_se_points": noise,
+              "mae_ratio": round(float(margins["mae_ratio"].iloc[0]), 3),
+              "broken": shortfalls(margins), "winners": winners,
+              "margins": margins.to_dict(orient="records")}  # fmt: skip
+    print(f"trace {name} ({window}): {'holds' if not result['broken'] else 'FAILS'}  "
+          f"margin {lead}  (SE {noise})  MAE x{result['mae_ratio']}  winners {winners}  "
+          f"{'; '.join(result['broken'])}", flush=True)  # fmt: skip
+    return result
+
+
 def run(
     shape: Shape,
     seed_list: list[int],
@@ -121,23 +140,12 @@ def run(
     budgets: tuple[int, ...],
     window: str = "1min",
 ) -> list[dict[str, Any]]:
-    """Each seed's trace in ``window`` windows: its margins, whether the property holds, the
-    winners; printed as they come."""
+    """Each seed's generated trace in ``window`` windows (:func:`report`)."""
     results = []
     for seed in seed_list:
         with tempfile.TemporaryDirectory() as folder:
             counts = trace_counts(Path(folder), shape, seed, window)
-            margins, winners = held_out(counts, refit_every, budgets)
-        lead = {row.budget: round(row.margin, 2) for row in margins.itertuples()}
-        noise = {row.budget: round(row.se, 2) for row in margins.itertuples()}
-        result = {"seed": seed, "window": window, "lead_points": lead, "lead_se_points": noise,
-                  "mae_ratio": round(float(margins["mae_ratio"].iloc[0]), 3),
-                  "broken": shortfalls(margins), "winners": winners,
-                  "margins": margins.to_dict(orient="records")}  # fmt: skip
-        print(f"trace {seed} ({window}): {'holds' if not result['broken'] else 'FAILS'}  "
-              f"margin {lead}  (SE {noise})  MAE x{result['mae_ratio']}  winners {winners}  "
-              f"{'; '.join(result['broken'])}", flush=True)  # fmt: skip
-        results.append(result)
+        results.append(report(str(seed), counts, refit_every, budgets, window))
     return results
 
 
@@ -151,11 +159,16 @@ def main() -> None:
     parser.add_argument("--rate", type=float)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--refit-every", type=int, default=12)
+    parser.add_argument("--trace", type=Path, help="a Mooncake trace instead of generated ones")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    shape = shape_of(args.regime, args.minutes, args.rate, args.heads, args.window)
     budgets = args.budgets or BUDGETS[args.regime]
-    results = run(shape, args.seeds, args.refit_every, budgets, args.window)
+    if args.trace is not None:
+        counts = item_window_counts(read_mooncake(args.trace), args.window)
+        results = [report(args.trace.name, counts, args.refit_every, budgets, args.window)]
+    else:
+        shape = shape_of(args.regime, args.minutes, args.rate, args.heads, args.window)
+        results = run(shape, args.seeds, args.refit_every, budgets, args.window)
     held = sum(not result["broken"] for result in results)
     print(f"the property holds on {held} of {len(results)} traces")
     if args.json:
