@@ -40,9 +40,11 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
 
 On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
 engine) the backtest's few origins cannot tell most candidates apart, so LightGBM does not
-compete and the choice prefers a baseline: the simplest one the backtest cannot tell apart from
-the best baseline at every budget and in MAE (:func:`indistinct_baseline`), and the note says
-so; only when there is none does the choice above decide.
+compete and the choice prefers a baseline: of those the backtest cannot tell apart from the best
+baseline at any budget, the nearest to it (:func:`indistinct_baseline`), ranking as it does,
+with its counts calibrated as the tiered rankings' are where that scored a lower MAE
+(:func:`with_calibrated`); the note says so. Only when there is none does the choice above
+decide.
 
 The winner does the predicting as the backtest scored it: the very candidate fitted at the
 backtest's last origin (its tiers, rankers and weights learned once, on the history up to that
@@ -179,24 +181,43 @@ def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
 
 
 def indistinct_baseline(backtest: Backtest) -> str | None:
-    """The simplest baseline the backtest cannot tell apart from the best one: at every budget
-    its share is behind the best baseline's by no more than the larger of
-    :data:`SHARE_TOLERANCE` and one standard error of their paired difference across origins,
-    and its MAE above the lowest baseline MAE by no more than the larger of
-    :data:`MAE_TOLERANCE` and one standard error (``None``: no baseline is)."""
+    """The baseline the backtest cannot tell apart from the best one at any budget (behind that
+    budget's best baseline by no more than the larger of :data:`SHARE_TOLERANCE` and one
+    standard error of their paired difference across origins) and nearest to the best: the
+    smallest largest gap over the budgets, the simplest on a tie (``None``: no baseline is)."""
     names = baseline_names(backtest)
-    lowest = min(names, key=backtest.mae)
+    bests = _best_per_budget(backtest, names)
+    gaps = {}
     for name in names:
-        behind = [
-            float(backtest.share(best)[i] - backtest.share(name)[i])
-            - max(SHARE_TOLERANCE, NOISE_SES * _noise_or_zero(backtest, name, best, i))
-            for i, best in enumerate(_best_per_budget(backtest, names))
-        ]
-        noise = NOISE_SES * backtest.mae_noise(name, lowest) if name != lowest else 0.0
-        mae_slack = max(MAE_TOLERANCE * backtest.mae(lowest), noise)
-        if max(behind) <= 0 and backtest.mae(name) - backtest.mae(lowest) <= mae_slack:
-            return name
-    return None
+        behind = [float(backtest.share(best)[i] - backtest.share(name)[i])
+                  for i, best in enumerate(bests)]  # fmt: skip
+        slack = [max(SHARE_TOLERANCE, NOISE_SES * _noise_or_zero(backtest, name, best, i))
+                 for i, best in enumerate(bests)]  # fmt: skip
+        if all(gap <= limit for gap, limit in zip(behind, slack, strict=True)):
+            gaps[name] = max(behind)
+    return min(gaps, key=gaps.__getitem__) if gaps else None
+
+
+def with_calibrated(
+    matrix: CountMatrix,
+    models: dict[str, HotnessModel],
+    scored: Backtest,
+    plan: BacktestPlan,
+    selected: SelectedForecaster,
+    ranker: str,
+) -> tuple[dict[str, HotnessModel], Backtest]:
+    """The candidates and their backtest with ``ranker``'s ranking under calibrated counts
+    (``<ranker>_calibrated``: a :class:`models.tiered.TieredRanking` of that one ranker; the
+    same order, the median count its scores saw next window) scored on the same origins, last."""
+    budgets = tuple(selected.budgets)
+    calibrated = TieredRanking(budgets, (ranker,) * len(budgets), ranker, True,
+                               daily=selected.daily_, horizon=selected.horizon)  # fmt: skip
+    name = f"{ranker}_calibrated"
+    same_span = replace(plan, first_t=int(scored.origins[0]))
+    tokens, horizon = tuple(selected.budget_tokens), selected.horizon
+    alone = run_backtest(matrix, {name: calibrated}, same_span, budgets, tokens, horizon,
+                         selected.metric)  # fmt: skip
+    return {**models, name: calibrated}, scored.joined(alone, len(models))
 
 
 def _best_per_budget(backtest: Backtest, names: list[str]) -> list[str]:
@@ -338,6 +359,10 @@ class SelectedForecaster(HotnessModel):
             rankers = self._rankers_backtest(matrix, models, plan) if plan.learning else None
             models, scored = with_tiered(matrix, models, scored, plan, self, rankers)
         kept = indistinct_baseline(scored) if short else None
+        if kept is not None and self.budgets:  # its ranking; its counts calibrated if better
+            models, scored = with_calibrated(matrix, models, scored, plan, self, kept)
+            calibrated = f"{kept}_calibrated"
+            kept = calibrated if scored.mae(calibrated) < scored.mae(kept) else kept
         self.winner_name_ = kept or choose(scored)
         self.backtest_ = scored
         self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
@@ -420,8 +445,11 @@ def _finite(value: float) -> float | None:
 
 def _short_note(history: int, short: int, kept: str | None) -> str:
     if kept is not None:
-        return (f"short history ({history} windows, under {short}): kept the baseline {kept}, "
-                f"which the backtest cannot tell apart from the best baseline")  # fmt: skip
+        ranker = kept.removesuffix("_calibrated")
+        counts = ", its counts calibrated" if kept != ranker else ""
+        return (f"short history ({history} windows, under {short}): kept the baseline {ranker}"
+                f"{counts}, which the backtest cannot tell apart from the best baseline at any "
+                f"budget")  # fmt: skip
     return (f"short history ({history} windows, under {short}): no baseline the backtest cannot "
             f"tell apart from the best at every budget, so chosen as on a long one")  # fmt: skip
 
