@@ -39,12 +39,13 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
    nowhere (:func:`beats`).
 
 On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
-engine) the backtest's few origins cannot tell most candidates apart, so LightGBM does not
-compete and the choice prefers a baseline: of those the backtest cannot tell apart from the best
-baseline at any budget, the nearest to it (:func:`indistinct_baseline`), ranking as it does,
-with its counts calibrated as the tiered rankings' are where that scored a lower MAE
-(:func:`with_calibrated`); the note says so. Only when there is none does the choice above
-decide.
+engine) the backtest's few origins cannot vouch for anything learned or chosen for being
+simple: LightGBM does not compete, and the winner ranks each item budget as the baseline best
+there on the backtest (one baseline when it is the best at every budget), with counts
+calibrated as the tiered rankings' are (:func:`baseline_tiers`, :func:`with_calibrated`): on
+the generated shared-heads traces the simplest baseline within the noise (the last window) lost
+up to 6 points at the largest budget, and uncalibrated baselines' MAE up to 10% to the lowest
+baseline's on later windows. The note says so.
 
 The winner does the predicting as the backtest scored it: the very candidate fitted at the
 backtest's last origin (its tiers, rankers and weights learned once, on the history up to that
@@ -180,22 +181,17 @@ def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
     return winner
 
 
-def indistinct_baseline(backtest: Backtest) -> str | None:
-    """The baseline the backtest cannot tell apart from the best one at any budget (behind that
-    budget's best baseline by no more than the larger of :data:`SHARE_TOLERANCE` and one
-    standard error of their paired difference across origins) and nearest to the best: the
-    smallest largest gap over the budgets, the simplest on a tie (``None``: no baseline is)."""
+def baseline_tiers(backtest: Backtest, budgets: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """A short history's rankers: each item budget's the best baseline's there (on a tie, the
+    one with the best share over every budget, then the lowest MAE, then the simplest), and the
+    rest's the baseline with the lowest MAE."""
     names = baseline_names(backtest)
-    bests = _best_per_budget(backtest, names)
-    gaps = {}
-    for name in names:
-        behind = [float(backtest.share(best)[i] - backtest.share(name)[i])
-                  for i, best in enumerate(bests)]  # fmt: skip
-        slack = [max(SHARE_TOLERANCE, NOISE_SES * _noise_or_zero(backtest, name, best, i))
-                 for i, best in enumerate(bests)]  # fmt: skip
-        if all(gap <= limit for gap, limit in zip(behind, slack, strict=True)):
-            gaps[name] = max(behind)
-    return min(gaps, key=gaps.__getitem__) if gaps else None
+    overall = {name: (float(backtest.share(name).mean()), -backtest.mae(name)) for name in names}
+    tiers = []
+    for budget in budgets:
+        i = backtest.budgets.index(f"{budget} items")
+        tiers.append(max(names, key=lambda name: (float(backtest.share(name)[i]), *overall[name])))
+    return tuple(tiers), min(names, key=backtest.mae)
 
 
 def with_calibrated(
@@ -204,31 +200,21 @@ def with_calibrated(
     scored: Backtest,
     plan: BacktestPlan,
     selected: SelectedForecaster,
-    ranker: str,
-) -> tuple[dict[str, HotnessModel], Backtest]:
-    """The candidates and their backtest with ``ranker``'s ranking under calibrated counts
-    (``<ranker>_calibrated``: a :class:`models.tiered.TieredRanking` of that one ranker; the
-    same order, the median count its scores saw next window) scored on the same origins, last."""
+) -> tuple[dict[str, HotnessModel], Backtest, str]:
+    """The candidates and their backtest with the baselines' own tiers under calibrated counts
+    (:func:`baseline_tiers`, a :class:`models.tiered.TieredRanking`; named
+    ``<baseline>_calibrated`` when one baseline ranks every tier, else ``baselines_tiered``)
+    scored on the same origins, last; and its name."""
     budgets = tuple(selected.budgets)
-    calibrated = TieredRanking(budgets, (ranker,) * len(budgets), ranker, True,
-                               daily=selected.daily_, horizon=selected.horizon)  # fmt: skip
-    name = f"{ranker}_calibrated"
+    tiers, rest = baseline_tiers(scored, budgets)
+    model = TieredRanking(budgets, tiers, rest, True, daily=selected.daily_,
+                          horizon=selected.horizon)  # fmt: skip
+    name = f"{tiers[0]}_calibrated" if len({*tiers, rest}) == 1 else "baselines_tiered"
     same_span = replace(plan, first_t=int(scored.origins[0]))
     tokens, horizon = tuple(selected.budget_tokens), selected.horizon
-    alone = run_backtest(matrix, {name: calibrated}, same_span, budgets, tokens, horizon,
+    alone = run_backtest(matrix, {name: model}, same_span, budgets, tokens, horizon,
                          selected.metric)  # fmt: skip
-    return {**models, name: calibrated}, scored.joined(alone, len(models))
-
-
-def _best_per_budget(backtest: Backtest, names: list[str]) -> list[str]:
-    """The best of ``names`` at each budget of the backtest."""
-    return [max(names, key=lambda name: float(backtest.share(name)[i]))
-            for i in range(len(backtest.budgets))]  # fmt: skip
-
-
-def _noise_or_zero(backtest: Backtest, a: str, b: str, budget: int) -> float:
-    """One standard error of ``a``'s share minus ``b``'s at a budget (0 when they are one)."""
-    return 0.0 if a == b else float(backtest.share_noise(a, b)[budget])
+    return {**models, name: model}, scored.joined(alone, len(models)), name
 
 
 def with_tiered(
@@ -358,12 +344,10 @@ class SelectedForecaster(HotnessModel):
         if self.budgets:
             rankers = self._rankers_backtest(matrix, models, plan) if plan.learning else None
             models, scored = with_tiered(matrix, models, scored, plan, self, rankers)
-        kept = indistinct_baseline(scored) if short else None
-        if kept is not None and self.budgets:  # its ranking; its counts calibrated if better
-            models, scored = with_calibrated(matrix, models, scored, plan, self, kept)
-            calibrated = f"{kept}_calibrated"
-            kept = calibrated if scored.mae(calibrated) < scored.mae(kept) else kept
-        self.winner_name_ = kept or choose(scored)
+        if short and self.budgets:  # the baselines' own ranking, in tiers: nothing learned
+            models, scored, self.winner_name_ = with_calibrated(matrix, models, scored, plan, self)
+        else:
+            self.winner_name_ = choose(scored)
         self.backtest_ = scored
         self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
         self.margin_ = margin(scored, self.winner_name_)
@@ -372,7 +356,7 @@ class SelectedForecaster(HotnessModel):
         self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows,
                            self.short_history)  # fmt: skip
         if short:
-            self.note_ += "; " + _short_note(end + 1, self.short_history, kept)
+            self.note_ += "; " + _short_note(end + 1, self.short_history, self.winner_)
         self.backtest_span_ = (matrix.window_start(plan.first_t), matrix.window_start(end))
         self.plan_ = plan
         self.seconds_ = time.perf_counter() - started
@@ -443,15 +427,17 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _short_note(history: int, short: int, kept: str | None) -> str:
-    if kept is not None:
-        ranker = kept.removesuffix("_calibrated")
-        counts = ", its counts calibrated" if kept != ranker else ""
-        return (f"short history ({history} windows, under {short}): kept the baseline {ranker}"
-                f"{counts}, which the backtest cannot tell apart from the best baseline at any "
-                f"budget")  # fmt: skip
-    return (f"short history ({history} windows, under {short}): no baseline the backtest cannot "
-            f"tell apart from the best at every budget, so chosen as on a long one")  # fmt: skip
+def _short_note(history: int, short: int, winner: HotnessModel) -> str:
+    head = f"short history ({history} windows, under {short}): "
+    if not isinstance(winner, TieredRanking):  # token budgets only: chosen as on a long one
+        return head + "no item budget to rank the baselines' tiers by; chosen as on a long one"
+    tiers = ", ".join(f"{b}: {name}" for b, name in zip(winner.budgets, winner.tiers, strict=True))
+    if len({*winner.tiers, winner.rest}) == 1:
+        return (
+            head + f"kept the baseline {winner.rest} (the best at every budget), counts calibrated"
+        )
+    ranked = f"ranked as the best baseline at each budget ({tiers}; the rest: {winner.rest})"
+    return head + ranked + ", counts calibrated"
 
 
 def _note(learning: bool, wanted: bool, history: int, needed: int, short: int) -> str:

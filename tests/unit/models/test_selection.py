@@ -17,14 +17,15 @@ from models.persistence import save_model
 from models.selection import (
     FIRST_TIER_ORIGIN,
     SelectedForecaster,
+    baseline_tiers,
     choose,
-    indistinct_baseline,
     load_selected,
     saved_selection,
     selection_metadata,
     shortfall,
     with_tiered,
 )
+from models.tiered import TieredRanking
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
 from tests.unit.models.series import counts_from_matrix, daily_series
@@ -235,37 +236,31 @@ def test_the_same_history_gets_the_same_choice_and_table_on_a_loaded_machine(mov
     assert busy.report()["margin"] == idle.report()["margin"]
 
 
-def test_a_short_history_keeps_a_baseline_the_backtest_cannot_tell_from_the_best():
+def test_a_short_history_ranks_as_the_best_baselines_with_calibrated_counts_and_says_so():
     rates = np.geomspace(2, 60, 12)[:, None] * np.ones((1, 30))  # steady tenants, 30 windows
     series = np.random.default_rng(3).poisson(rates).astype(float)
     matrix = CountMatrix.from_counts(counts_from_matrix(series, WINDOW))
-    selected = SelectedForecaster((3,)).fit(matrix)
-    assert selected.winner_name_.removesuffix("_calibrated") in baselines()
+    selected = SelectedForecaster((3, 6)).fit(matrix)
+    winner = selected.winner_
+    assert isinstance(winner, TieredRanking) and winner.calibrated
+    assert set(winner.tiers) | {winner.rest} <= set(baselines())
     assert not any(name.startswith("lightgbm") for name in selected.table_["model"])
-    assert "short history (30 windows" in selected.note_
-    assert (
-        f"kept the baseline {selected.winner_name_.removesuffix('_calibrated')}" in selected.note_
-    )
-    longer = SelectedForecaster((3,), short_history=20).fit(matrix)
+    assert "short history (30 windows, under 48)" in selected.note_
+    assert winner.rest in selected.note_ and "counts calibrated" in selected.note_
+    longer = SelectedForecaster((3, 6), short_history=20).fit(matrix)
     assert "short history" not in longer.note_
 
 
-def test_the_baseline_kept_is_within_the_noise_of_the_best_at_every_budget_and_nearest_it():
-    best = [[8, 9, 7, 8], [8, 8, 8, 8]]
-    close = [[7, 10, 6, 8], [8, 8, 8, 8]]  # behind by 1 in all at one budget, SE 1.9: noise
-    far = [[5, 5, 5, 5], [8, 8, 8, 8]]  # behind by 3 at every origin at one: told apart
-    errors = {"last_window": STEADY, "moving_average": STEADY, "ewma": STEADY}
-    table = _backtest({"last_window": far, "moving_average": close, "ewma": best}, errors)
-    assert indistinct_baseline(table) == "ewma"  # of the two, the nearest to the best
-    lifted = [[7, 10, 6, 8], [9, 9, 9, 9]]  # within the noise at one budget, the best at the other
-    table = _backtest({"last_window": far, "moving_average": lifted, "ewma": best}, errors)
-    assert indistinct_baseline(table) == "moving_average"  # ewma is 1 behind at the second
-    errors = {"last_window": STEADY, "lightgbm_poisson": STEADY}
-    table = _backtest({"last_window": far, "lightgbm_poisson": best}, errors)
-    assert indistinct_baseline(table) == "last_window"  # the only baseline is its own best
-    far_apart = {"last_window": [[5] * 4, [9] * 4], "moving_average": [[8] * 4, [8] * 4]}
-    table = _backtest(far_apart, {"last_window": STEADY, "moving_average": STEADY})
-    assert indistinct_baseline(table) is None  # each clearly behind the other at one budget
+def test_each_budget_of_a_short_history_is_ranked_by_the_best_baseline_there():
+    top = [[9, 9, 9, 9], [5, 5, 5, 5]]
+    wide = [[8, 8, 8, 8], [8, 8, 8, 8]]
+    even = [[8, 8, 8, 8], [8, 8, 8, 8]]  # wide's equal: the tie goes to the lower MAE
+    errors = {"last_window": STEADY, "moving_average": [2.0] * 4, "ewma": [1.5] * 4}
+    table = _backtest({"last_window": top, "moving_average": wide, "ewma": even}, errors)
+    assert baseline_tiers(table, (0, 1)) == (("last_window", "ewma"), "last_window")
+    errors = {"last_window": STEADY, "lightgbm_poisson": [0.5] * 4}
+    table = _backtest({"last_window": wide, "lightgbm_poisson": top}, errors)
+    assert baseline_tiers(table, (0, 1)) == (("last_window", "last_window"), "last_window")
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
