@@ -39,13 +39,15 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
    nowhere (:func:`beats`).
 
 On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
-engine) the backtest's few origins cannot vouch for anything learned or chosen for being
-simple: LightGBM does not compete, and the winner ranks each item budget as the baseline best
-there on the backtest (one baseline when it is the best at every budget), with counts
-calibrated as the tiered rankings' are (:func:`baseline_tiers`, :func:`with_calibrated`): on
-the generated shared-heads traces the simplest baseline within the noise (the last window) lost
-up to 6 points at the largest budget, and uncalibrated baselines' MAE up to 10% to the lowest
-baseline's on later windows. The note says so.
+engine) the backtest's few origins cannot vouch for anything learned: LightGBM does not compete,
+and the winner ranks each item budget as the baseline the backtest cannot tell apart from the
+best one there (the simplest within half a point or one standard error, of those that score at
+least that many items above zero at the last origin: the last window cannot rank the
+thousandth block of a window that saw 300), one baseline where one holds at every budget, with
+counts calibrated as the tiered rankings' are (:func:`baseline_tiers`,
+:func:`with_calibrated`). On the generated shared-heads traces in 1-minute windows, an
+uncalibrated baseline's MAE went up to 10% over the lowest baseline's on later windows, and
+the last window at 1,000 blocks lost 6 points. The note says so.
 
 The winner does the predicting as the backtest scored it: the very candidate fitted at the
 backtest's last origin (its tiers, rankers and weights learned once, on the history up to that
@@ -181,16 +183,19 @@ def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
     return winner
 
 
-def baseline_tiers(backtest: Backtest, budgets: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
-    """A short history's rankers: each item budget's the best baseline's there (on a tie, the
-    one with the best share over every budget, then the lowest MAE, then the simplest), and the
-    rest's the baseline with the lowest MAE."""
+def baseline_tiers(
+    backtest: Backtest, budgets: tuple[int, ...], ranks: dict[str, int]
+) -> tuple[tuple[str, ...], str]:
+    """A short history's rankers: each item budget's the simplest baseline within the larger of
+    :data:`SHARE_TOLERANCE` and one standard error of the best one there (the one-standard-error
+    rule, :func:`models.tiered.tier_rankers`) among those that rank that many items
+    (``ranks[name]``: the items it scores above zero at the last origin; past them it ranks by
+    position), and the rest's the baseline with the lowest MAE."""
     names = baseline_names(backtest)
-    overall = {name: (float(backtest.share(name).mean()), -backtest.mae(name)) for name in names}
-    tiers = []
+    tiers: list[str] = []
     for budget in budgets:
-        i = backtest.budgets.index(f"{budget} items")
-        tiers.append(max(names, key=lambda name: (float(backtest.share(name)[i]), *overall[name])))
+        able = [name for name in names if ranks.get(name, budget) >= budget] or names
+        tiers.extend(tier_rankers(backtest, able, (budget,), SHARE_TOLERANCE, NOISE_SES))
     return tuple(tiers), min(names, key=backtest.mae)
 
 
@@ -206,7 +211,10 @@ def with_calibrated(
     ``<baseline>_calibrated`` when one baseline ranks every tier, else ``baselines_tiered``)
     scored on the same origins, last; and its name."""
     budgets = tuple(selected.budgets)
-    tiers, rest = baseline_tiers(scored, budgets)
+    t, seen = plan.last_t, matrix.seen_by(plan.last_t)
+    ranks = {name: int((models[name].predict_at(matrix, t, seen) > 0).sum())
+             for name in baseline_names(scored)}  # fmt: skip
+    tiers, rest = baseline_tiers(scored, budgets, ranks)
     model = TieredRanking(budgets, tiers, rest, True, daily=selected.daily_,
                           horizon=selected.horizon)  # fmt: skip
     name = f"{tiers[0]}_calibrated" if len({*tiers, rest}) == 1 else "baselines_tiered"
@@ -433,10 +441,10 @@ def _short_note(history: int, short: int, winner: HotnessModel) -> str:
         return head + "no item budget to rank the baselines' tiers by; chosen as on a long one"
     tiers = ", ".join(f"{b}: {name}" for b, name in zip(winner.budgets, winner.tiers, strict=True))
     if len({*winner.tiers, winner.rest}) == 1:
-        return (
-            head + f"kept the baseline {winner.rest} (the best at every budget), counts calibrated"
-        )
-    ranked = f"ranked as the best baseline at each budget ({tiers}; the rest: {winner.rest})"
+        return head + (f"kept the baseline {winner.rest}, which the backtest cannot tell apart "
+                       f"from the best at any budget, counts calibrated")  # fmt: skip
+    ranked = (f"each budget ranked by the baseline the backtest cannot tell apart from the best "
+              f"there ({tiers}; the rest by the lowest MAE's, {winner.rest})")  # fmt: skip
     return head + ranked + ", counts calibrated"
 
 

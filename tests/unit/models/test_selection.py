@@ -251,16 +251,20 @@ def test_a_short_history_ranks_as_the_best_baselines_with_calibrated_counts_and_
     assert "short history" not in longer.note_
 
 
-def test_each_budget_of_a_short_history_is_ranked_by_the_best_baseline_there():
-    top = [[9, 9, 9, 9], [5, 5, 5, 5]]
-    wide = [[8, 8, 8, 8], [8, 8, 8, 8]]
-    even = [[8, 8, 8, 8], [8, 8, 8, 8]]  # wide's equal: the tie goes to the lower MAE
+def test_each_budget_of_a_short_history_is_ranked_by_the_simplest_baseline_within_the_noise():
+    best = [[9, 9, 9, 9], [9, 9, 9, 9]]
+    close = [[8, 10, 8, 9], [8, 10, 8, 9]]  # behind by 1 in all, SE 1.9: within the noise
+    far = [[8, 10, 8, 9], [5, 5, 5, 5]]  # and behind by 4 at every origin at the second
     errors = {"last_window": STEADY, "moving_average": [2.0] * 4, "ewma": [1.5] * 4}
-    table = _backtest({"last_window": top, "moving_average": wide, "ewma": even}, errors)
-    assert baseline_tiers(table, (0, 1)) == (("last_window", "ewma"), "last_window")
-    errors = {"last_window": STEADY, "lightgbm_poisson": [0.5] * 4}
-    table = _backtest({"last_window": wide, "lightgbm_poisson": top}, errors)
-    assert baseline_tiers(table, (0, 1)) == (("last_window", "last_window"), "last_window")
+    enough = {"last_window": 10, "moving_average": 10, "ewma": 10}
+    table = _backtest({"last_window": far, "moving_average": best, "ewma": best}, errors)
+    tiers = baseline_tiers(table, (0, 1), enough)
+    assert tiers == (("last_window", "moving_average"), "last_window")
+    table = _backtest({"last_window": close, "moving_average": best, "ewma": best}, errors)
+    assert baseline_tiers(table, (0, 1), enough)[0] == ("last_window", "last_window")
+    # Scoring no item above zero, the last window cannot rank the second budget's one item.
+    few = {**enough, "last_window": 0}
+    assert baseline_tiers(table, (0, 1), few)[0] == ("last_window", "moving_average")
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
