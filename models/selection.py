@@ -107,6 +107,11 @@ MAX_TIER_ORIGINS = 96
 #: Refit blocks the backtest's span is cut into at most before the last origin (each refits
 #: every candidate), and the last origin's own.
 MAX_REFITS = 8
+#: A short history's tier goes only to a baseline that scores this many times its budget's
+#: items above zero at the last origin (or as many as the deepest one does): past those it ranks
+#: by position. On a shared-heads trace a moving average that scored 1,034 blocks at the origin
+#: lost 3 points at 1,000 blocks to the EWMA (1,588) on the next windows.
+RANK_DEPTH = 2
 #: Windows of history below which the choice prefers a baseline the backtest cannot tell apart
 #: from the best (tens of windows: too few origins to trust a lead of anything more complex).
 SHORT_HISTORY = 48
@@ -188,13 +193,15 @@ def baseline_tiers(
 ) -> tuple[tuple[str, ...], str]:
     """A short history's rankers: each item budget's the simplest baseline within the larger of
     :data:`SHARE_TOLERANCE` and one standard error of the best one there (the one-standard-error
-    rule, :func:`models.tiered.tier_rankers`) among those that rank that many items
-    (``ranks[name]``: the items it scores above zero at the last origin; past them it ranks by
-    position), and the rest's the baseline with the lowest MAE."""
+    rule, :func:`models.tiered.tier_rankers`) among those that rank :data:`RANK_DEPTH` times
+    that many items, or as many as the deepest one (``ranks[name]``: the items it scores above
+    zero at the last origin; past them it ranks by position), and the rest's the baseline with
+    the lowest MAE."""
     names = baseline_names(backtest)
     tiers: list[str] = []
     for budget in budgets:
-        able = [name for name in names if ranks.get(name, budget) >= budget] or names
+        depth = min(RANK_DEPTH * budget, max(ranks.get(name, 0) for name in names))
+        able = [name for name in names if ranks.get(name, depth) >= depth]
         tiers.extend(tier_rankers(backtest, able, (budget,), SHARE_TOLERANCE, NOISE_SES))
     return tuple(tiers), min(names, key=backtest.mae)
 
