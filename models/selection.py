@@ -107,10 +107,12 @@ MAX_TIER_ORIGINS = 96
 #: Refit blocks the backtest's span is cut into at most before the last origin (each refits
 #: every candidate), and the last origin's own.
 MAX_REFITS = 8
-#: A short history's tier goes only to a baseline that scores this many times its budget's
-#: items above zero at the last origin (or as many as the deepest one does): past those it ranks
-#: by position. On a shared-heads trace a moving average that scored 1,034 blocks at the origin
-#: lost 3 points at 1,000 blocks to the EWMA (1,588) on the next windows.
+#: A short history's tier goes to a baseline within the noise of the best only where it scores
+#: this many times the budget's items above zero at the last origin (past those it ranks by
+#: position); a shallower one must be the best. On a shared-heads trace in 1-minute windows a
+#: moving average 0.1 point behind the EWMA at 1,000 blocks, scoring 1,034 blocks at the origin,
+#: lost 3 points to it on the next windows; in 5-minute windows the last window, the best there
+#: by 7 points and scoring 1,339 blocks, was the best on the next windows too.
 RANK_DEPTH = 2
 #: Windows of history below which the choice prefers a baseline the backtest cannot tell apart
 #: from the best (tens of windows: too few origins to trust a lead of anything more complex).
@@ -191,18 +193,24 @@ def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
 def baseline_tiers(
     backtest: Backtest, budgets: tuple[int, ...], ranks: dict[str, int]
 ) -> tuple[tuple[str, ...], str]:
-    """A short history's rankers: each item budget's the simplest baseline within the larger of
-    :data:`SHARE_TOLERANCE` and one standard error of the best one there (the one-standard-error
-    rule, :func:`models.tiered.tier_rankers`) among those that rank :data:`RANK_DEPTH` times
-    that many items, or as many as the deepest one (``ranks[name]``: the items it scores above
-    zero at the last origin; past them it ranks by position), and the rest's the baseline with
-    the lowest MAE."""
+    """A short history's rankers: each item budget's the simplest baseline the backtest cannot
+    tell apart from the best one there — within the larger of :data:`SHARE_TOLERANCE` and one
+    standard error of their paired difference (the one-standard-error rule) — where it ranks
+    :data:`RANK_DEPTH` times that many items or as many as the deepest one (``ranks[name]``:
+    the items it scores above zero at the last origin; past them it ranks by position), a
+    shallower one only as the best (on a tie, the best over every budget, then the lowest MAE);
+    and the rest's the baseline with the lowest MAE."""
     names = baseline_names(backtest)
+    overall = {name: (float(backtest.share(name).mean()), -backtest.mae(name)) for name in names}
     tiers: list[str] = []
     for budget in budgets:
+        i = backtest.budgets.index(f"{budget} items")
+        # On a tie (every one takes all a window's items), the best over every budget.
+        best = max(names, key=lambda name: (float(backtest.share(name)[i]), *overall[name]))
         depth = min(RANK_DEPTH * budget, max(ranks.get(name, 0) for name in names))
-        able = [name for name in names if ranks.get(name, depth) >= depth]
-        tiers.extend(tier_rankers(backtest, able, (budget,), SHARE_TOLERANCE, NOISE_SES))
+        deep = [name for name in names if ranks.get(name, 0) >= depth]
+        tiers.extend(tier_rankers(backtest, deep, (budget,), SHARE_TOLERANCE, NOISE_SES)
+                     if best in deep else (best,))  # fmt: skip
     return tuple(tiers), min(names, key=backtest.mae)
 
 
