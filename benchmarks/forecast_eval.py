@@ -14,11 +14,12 @@ gets the forecaster with the ``median`` objective, the L1-optimal forecast.
 backtests its candidates rolling-origin on the windows *before* the refit (as many as its time
 budget allows) and keeps the winner, so it is judged on later windows it never chose on; the
 last refit's backtest table and the winner's margin are printed after each case. The closing
-**done-when table** puts it next to the best baseline of each case and budget: its share of the
-history oracle must be at least the best baseline's minus one point, its MAE at most the best
-baseline's plus 2%. (The Azure traces
-carry no items — no prefixes, prompts or tenants, only arrival times and token counts — so
-there is nothing per item to forecast in them, and no case here.)
+**done-when table** puts it next to the best baseline of each case and budget, in the held-out
+windows' own noise (:func:`pipeline.evaluation.held_out_margins`): its share of the history
+oracle must be at least the best baseline's minus one point and two standard errors of their
+paired difference across the windows, its MAE at most the lowest baseline MAE plus 2%. (The
+Azure traces carry no items — no prefixes, prompts or tenants, only arrival times and token
+counts — so there is nothing per item to forecast in them, and no case here.)
 
 Each case also prints a *peeking ceiling*, which no forecaster can use: the ranking (Mooncake) or
 forecast (ServeGen) made from the windows right around the target, ``t`` and ``t + 2 ..
@@ -49,10 +50,10 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jobs.cmd_evaluate import WinnerLog, print_backtest, print_table, standard_models
-from models.baselines import baselines
+from models.baselines import HotnessModel, baselines
 from models.forecaster import HotnessForecaster
 from models.selection import SelectedForecaster
-from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
+from pipeline.evaluation import CountMatrix, WalkForwardConfig, held_out_margins, walk_forward
 from pipeline.ingest.traces import read_mooncake, read_servegen
 from pipeline.windows import item_window_counts
 
@@ -104,7 +105,7 @@ def peeking_ceiling(
     return {**shares, "mae": abs_error / max(n_scored, 1)}
 
 
-def fit_seconds(matrix: CountMatrix, model: HotnessForecaster) -> float:
+def fit_seconds(matrix: CountMatrix, model: HotnessModel) -> float:
     """Seconds of one fit on every window of ``matrix``."""
     started = time.perf_counter()
     model.fit(matrix)
@@ -149,44 +150,49 @@ def run_case(
             "walk_forward_s": seconds, "fit_s": fit_s, "selection_s": select_s,
             "winners": [name for _, name in selected.winners], "peeking_ceiling": ceiling,
             "last_selection": report,
+            "held_out": held_out_margins(evaluation.steps, "selected", list(baselines()))
+            .to_dict(orient="records"),
             "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
 
 
-#: Done when: the selected model's share of the history oracle at least the best baseline's
-#: minus this (points), and its MAE at most the best baseline's times (1 + MAE_SLACK).
-SHARE_SLACK, MAE_SLACK = 0.01, 0.02
-
-
-def done_when_rows(case: str, table: pd.DataFrame) -> list[dict[str, object]]:
-    """Per budget: the selected model against the best baseline on share and on MAE."""
+def done_when_rows(
+    case: str, table: pd.DataFrame, held_out: pd.DataFrame
+) -> list[dict[str, object]]:
+    """Per budget: the selected model against the best baseline on share (its margin, that
+    margin's standard error and the bound it must clear) and on MAE."""
     names = set(baselines())
     rows = []
     for budget, part in table.groupby("budget", sort=False):
         base = part[part["model"].isin(names)]
         chosen = part[part["model"] == "selected"].iloc[0]
-        by_share = base.loc[base["share_of_history_oracle"].idxmax()]
-        by_mae = base.loc[base["mae"].idxmin()]
-        share, best_share = chosen["share_of_history_oracle"], by_share["share_of_history_oracle"]
-        rows.append({"case": case, "budget": budget, "selected_share": share,
-                     "best_baseline_share": best_share, "share_baseline": by_share["model"],
-                     "selected_mae": chosen["mae"], "best_baseline_mae": by_mae["mae"],
-                     "mae_baseline": by_mae["model"],
-                     "share_ok": bool(share >= best_share - SHARE_SLACK),
-                     "mae_ok": bool(chosen["mae"] <= by_mae["mae"] * (1 + MAE_SLACK))})  # fmt: skip
+        margin = held_out[held_out["budget"] == budget].iloc[0]
+        rows.append({"case": case, "budget": budget,
+                     "selected_share": chosen["share_of_history_oracle"],
+                     "best_baseline_share": base["share_of_history_oracle"].max(),
+                     "share_baseline": margin["baseline"], "margin": margin["margin"],
+                     "se": margin["se"], "bound": margin["bound"],
+                     "selected_mae": chosen["mae"], "best_baseline_mae": base["mae"].min(),
+                     "mae_baseline": margin["mae_baseline"],
+                     "share_ok": bool(margin["share_ok"]),
+                     "mae_ok": bool(margin["mae_ok"])})  # fmt: skip
     return rows
 
 
 def print_done_when(console: Console, rows: list[dict[str, object]]) -> None:
     """The done-when table: one row per case and budget."""
     out = Table(title="done when: selected vs the best baseline (share of history oracle, MAE)")
-    for column in ("case", "budget", "selected", "best baseline", "Δ pts", "ok",
+    for column in ("case", "budget", "selected", "best baseline", "margin", "SE", "bound", "ok",
                    "selected MAE", "best baseline MAE", "MAE ratio", "ok "):  # fmt: skip
         out.add_column(column, justify="left" if column in ("case", "budget") else "right")
     for r in rows:
-        s, b = float(r["selected_share"]), float(r["best_baseline_share"])  # type: ignore[arg-type]
-        m, bm = float(r["selected_mae"]), float(r["best_baseline_mae"])  # type: ignore[arg-type]
+        s, b, m, bm, margin, se, bound = (
+            float(r[key])  # type: ignore[arg-type]  # the row's numbers, as done_when_rows made them
+            for key in ("selected_share", "best_baseline_share", "selected_mae",
+                        "best_baseline_mae", "margin", "se", "bound")
+        )  # fmt: skip
         out.add_row(str(r["case"]), str(r["budget"]), f"{s:.1%}", f"{b:.1%} {r['share_baseline']}",
-                    f"{100 * (s - b):+.2f}", "yes" if r["share_ok"] else "NO", f"{m:,.4g}",
+                    f"{margin:+.2f}", f"{se:.2f}", f"{bound:+.2f}",
+                    "yes" if r["share_ok"] else "NO", f"{m:,.4g}",
                     f"{bm:,.4g} {r['mae_baseline']}", f"{m / bm:.3f}",
                     "yes" if r["mae_ok"] else "NO")  # fmt: skip
     console.print(out)
@@ -207,7 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [
         row
         for result in results
-        for row in done_when_rows(str(result["case"]), pd.DataFrame(result["table"]))
+        for row in done_when_rows(
+            str(result["case"]), pd.DataFrame(result["table"]), pd.DataFrame(result["held_out"])
+        )
     ]
     print_done_when(console, rows)
     for result in results:

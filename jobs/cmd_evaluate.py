@@ -7,7 +7,10 @@ requests per window, and runs every baseline, the LightGBM forecaster and the mo
 would use — ``selected``, the backtest winner chosen on every refit from the history before it
 (:mod:`models.selection`) — walk-forward (see :mod:`pipeline.evaluation`). It prints, per budget
 and model: the captured share of next-window requests, its share of the history oracle and of
-the oracle, and the MAE of predicted counts; then which candidates the selection chose.
+the oracle, and the MAE of predicted counts; then, per budget, the selected model's margin over
+the best baseline on these held-out windows with its standard error, and whether the held-out
+property holds (:func:`pipeline.evaluation.held_out_margins`); then which candidates the
+selection chose.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pipeline.evaluation import (
     Evaluation,
     WalkForwardConfig,
     coarsen_counts,
+    held_out_margins,
     walk_forward,
 )
 from pipeline.ingest import IngestOptions, ingest_paths
@@ -142,6 +146,31 @@ def evaluate_counts(
     notes = (selected.summary(),) if isinstance(selected, WinnerLog) else ()
     report = selected.last_report() if isinstance(selected, WinnerLog) else None
     return matrix, replace(evaluation, notes=notes, selection=report)
+
+
+def selected_margins(evaluation: Evaluation) -> pd.DataFrame:
+    """The selected model against the best baseline on the evaluation's held-out windows, per
+    budget (:func:`pipeline.evaluation.held_out_margins`)."""
+    return held_out_margins(evaluation.steps, "selected", list(baselines()))
+
+
+def print_margins(console: Console, margins: pd.DataFrame) -> None:
+    """Per budget: the selected model's margin over the best baseline (points of the history
+    oracle), its standard error, the bound it must clear, the MAE ratio, and which holds."""
+    out = Table(title="held out: selected vs the best baseline (>= -(1 pt + 2 SE), MAE <= x1.02)")
+    for column in ("budget", "baseline", "margin", "SE", "bound", "share", "MAE ratio", "MAE",
+                   "holds"):  # fmt: skip
+        out.add_column(column, justify="left" if column in ("budget", "baseline") else "right")
+    for row in margins.itertuples():
+        out.add_row(str(row.budget), str(row.baseline), f"{row.margin:+.2f} pts",
+                    f"{row.se:.2f}", f"{row.bound:+.2f}", _verdict(bool(row.share_ok)),
+                    f"x{row.mae_ratio:.3f} vs {row.mae_baseline}", _verdict(bool(row.mae_ok)),
+                    _verdict(bool(row.holds)))  # fmt: skip
+    console.print(out)
+
+
+def _verdict(ok: bool) -> str:
+    return "holds" if ok else "FAILS"
 
 
 def print_backtest(console: Console, report: dict[str, Any]) -> None:
@@ -254,12 +283,14 @@ def evaluate(
         payload = {"path": str(path), "window": window, "items": matrix.n_items,
                    "windows": matrix.n_windows, "notes": list(evaluation.notes),
                    "selection": evaluation.selection,
+                   "held_out": selected_margins(evaluation).to_dict(orient="records"),
                    "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
         typer.echo(json.dumps(payload, default=str))
         return
     title = f"{path.name}: {matrix.n_items} items x {matrix.n_windows} windows of {window}"
     console = Console()
     print_table(console, title, evaluation.table)
+    print_margins(console, selected_margins(evaluation))
     for note in evaluation.notes:
         console.print(note)
     if evaluation.selection is not None:

@@ -3,8 +3,10 @@
 Every history end ``t`` of the backtest is a forecast origin: each candidate, fitted on the
 windows up to its latest refit, predicts window ``t + horizon`` from windows ``0..t`` and is
 judged there (:func:`pipeline.evaluation.walk_forward`), at every budget. Refits cut the span
-into blocks; the blocks are run latest first, and the span reaches back as far as the time
-budget allows (the next block is run only while the time spent so far says it fits).
+into blocks, and the last origin is a block of its own. The size of a backtest is set in work
+(origins, candidates, refits), never in seconds, so the same history and settings score the same
+origins on an idle machine and on a loaded one; the blocks run oldest first, so every candidate
+ends fitted at the last origin, as the backtest scored it there (what the selection keeps).
 
 :class:`Backtest` keeps the per-origin numbers, so a difference between two candidates comes
 with its own noise: the standard error of their paired difference across origins.
@@ -14,13 +16,19 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from pipeline.evaluation import CountMatrix, HotnessPredictor, WalkForwardConfig, walk_forward
+from pipeline.evaluation import (
+    CountMatrix,
+    HotnessPredictor,
+    WalkForwardConfig,
+    standard_error,
+    walk_forward,
+)
 
 #: What a backtest's share counts: the numerator and denominator columns of the walk-forward's
 #: steps per metric (``requests``: what a warm cache serves; ``first_uses``: what a warm-up
@@ -41,10 +49,17 @@ class BacktestPlan:
     refit_every: int
     learning: bool
 
+    @property
+    def origins(self) -> int:
+        """History ends scored."""
+        return self.last_t - self.first_t + 1
+
     def blocks(self) -> list[tuple[int, int]]:
-        """(first, last) history end of each refit block, latest first."""
-        lasts = range(self.last_t, self.first_t - 1, -self.refit_every)
-        return [(max(self.first_t, last - self.refit_every + 1), last) for last in lasts]
+        """(first, last) history end of each refit block, oldest first; the last origin is a
+        block of its own, so what is fitted there is what its score is of."""
+        firsts = range(self.first_t, self.last_t, self.refit_every)
+        earlier = [(first, min(first + self.refit_every, self.last_t) - 1) for first in firsts]
+        return [*earlier, (self.last_t, self.last_t)]
 
 
 def plan_backtest(
@@ -56,7 +71,8 @@ def plan_backtest(
     requested: int | None = None,
 ) -> BacktestPlan | None:
     """The widest span the history up to ``end`` allows (``requested``: at most that many
-    latest origins), or ``None`` when not one target fits.
+    latest origins), refitted in at most ``max_refits`` blocks before the last origin's own,
+    or ``None`` when not one target fits.
 
     Learners need ``min_learning`` windows before the first origin and at least
     ``min_learning_origins`` origins to be judged on; otherwise only what learns nothing
@@ -71,15 +87,16 @@ def plan_backtest(
         first_t = max(0, latest_first)
         if first_t > last_t:
             return None
-    span = last_t - first_t + 1
-    return BacktestPlan(first_t, last_t, math.ceil(span / max_refits), learning)
+    earlier = last_t - first_t
+    return BacktestPlan(first_t, last_t, max(1, math.ceil(earlier / max_refits)), learning)
 
 
 @dataclass(frozen=True)
 class Backtest:
     """Per-origin results of a backtest: ``captured[model, budget, origin]`` against
     ``oracle[budget, origin]`` (in the metric's unit), ``abs_error[model, origin]`` over
-    ``n_scored[origin]`` items, and the span and seconds it took."""
+    ``n_scored[origin]`` items, and the wall-clock and CPU seconds it took (reported, never
+    decided on)."""
 
     models: tuple[str, ...]
     budgets: tuple[str, ...]
@@ -89,6 +106,7 @@ class Backtest:
     abs_error: np.ndarray
     n_scored: np.ndarray
     seconds: float
+    cpu_seconds: float = 0.0
 
     def share(self, model: str) -> np.ndarray:
         """Share of the history oracle per budget."""
@@ -118,20 +136,13 @@ class Backtest:
         models = (*self.models[:at], *other.models, *self.models[at:])
         return replace(self, models=models, captured=insert(self.captured, other.captured),
                        abs_error=insert(self.abs_error, other.abs_error),
-                       seconds=self.seconds + other.seconds)  # fmt: skip
+                       seconds=self.seconds + other.seconds,
+                       cpu_seconds=self.cpu_seconds + other.cpu_seconds)  # fmt: skip
 
     def mae_noise(self, a: str, b: str) -> float:
         """Standard error of ``mae(a) - mae(b)`` from its spread across origins."""
         diff = self.abs_error[self.models.index(a)] - self.abs_error[self.models.index(b)]
         return float(standard_error(diff[None, :])[0] / max(float(self.n_scored.sum()), 1.0))
-
-
-def standard_error(per_origin: np.ndarray) -> np.ndarray:
-    """Standard error of a sum over origins (last axis): sqrt(n) x the origins' spread."""
-    n = per_origin.shape[-1]
-    if n < 2:
-        return np.full(per_origin.shape[:-1], np.inf)
-    return np.sqrt(n) * per_origin.std(axis=-1, ddof=1)
 
 
 def run_backtest(
@@ -142,25 +153,22 @@ def run_backtest(
     budget_tokens: tuple[int, ...] = (),
     horizon: int = 1,
     metric: str = "requests",
-    time_budget_s: float = float("inf"),
-    clock: Callable[[], float] = time.perf_counter,
 ) -> Backtest:
-    """Run ``plan``'s blocks latest first while the time spent says the next one fits in
-    ``time_budget_s`` (the latest block always runs), and collect the per-origin results."""
-    started = clock()
+    """Run every block of ``plan``, oldest first (each candidate ends fitted at the last
+    origin), and collect the per-origin results."""
+    started, cpu = time.perf_counter(), time.process_time()
     parts: list[pd.DataFrame] = []
-    for done, (first, last) in enumerate(plan.blocks()):
-        spent = clock() - started
-        if done and spent + spent / done > time_budget_s:
-            break
+    for first, last in plan.blocks():
         config = WalkForwardConfig(budget_items=budgets, budget_tokens=budget_tokens,
                                    first_t=first, last_t=last, refit_every=last - first + 1,
                                    horizon=horizon)  # fmt: skip
         parts.append(walk_forward(matrix, models, config).steps)
-    return _collect(pd.concat(parts, ignore_index=True), tuple(models), metric, clock() - started)
+    backtest = _collect(pd.concat(parts, ignore_index=True), tuple(models), metric)
+    return replace(backtest, seconds=time.perf_counter() - started,
+                   cpu_seconds=time.process_time() - cpu)  # fmt: skip
 
 
-def _collect(steps: pd.DataFrame, models: tuple[str, ...], metric: str, seconds: float) -> Backtest:
+def _collect(steps: pd.DataFrame, models: tuple[str, ...], metric: str) -> Backtest:
     """The steps of a walk-forward as arrays by model, budget and origin."""
     numerator, denominator = METRIC_COLUMNS[metric]
     budgets = tuple(dict.fromkeys(steps["budget"]))
@@ -180,4 +188,4 @@ def _collect(steps: pd.DataFrame, models: tuple[str, ...], metric: str, seconds:
     oracle = grid(denominator)[0]
     abs_error = grid("abs_error")[:, 0, :]
     n_scored = grid("n_scored")[0, 0]
-    return Backtest(models, budgets, origins, captured, oracle, abs_error, n_scored, seconds)
+    return Backtest(models, budgets, origins, captured, oracle, abs_error, n_scored, 0.0)

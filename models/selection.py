@@ -3,8 +3,10 @@
 On every fit, :class:`SelectedForecaster` scores candidates — the baselines, blends of them, the
 tiered rankings, and LightGBM with each of its objectives — by a rolling-origin backtest
 (:mod:`models.backtest`): every history end of the backtest is an origin, each candidate
-(refitted every few origins) predicts the window after it, and the span reaches back over as
-much of the history as the time budget allows. The score is what the planner cares about, at
+(refitted every few origins, and once more at the last one) predicts the window after it, and
+the span reaches back over the latest ``backtest`` origins (:data:`MAX_ORIGINS` by default): a
+size in work, not seconds, so the same history and settings give the same choice at any load.
+The score is what the planner cares about, at
 every budget the plans use: the captured share of the history oracle (:mod:`pipeline.evaluation`),
 in requests (``metric="requests"``, what a warm cache serves window after window) or in first
 uses (``metric="first_uses"``: what a warm-up after a restart saves), and the MAE.
@@ -36,16 +38,28 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
    origins (the one-standard-error rule) — at some budget or in MAE, and worse by more than it
    nowhere (:func:`beats`).
 
-The winner is then fitted on the whole history and does the predicting; the backtest table and
-the winner's margin over the best baseline go with it into the saved model's metadata
-(:func:`selection_metadata`), where the planner and ``prewarm status`` read them back
-(:func:`load_selected`, :func:`saved_selection`).
+On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
+engine) the backtest's few origins cannot vouch for anything learned: LightGBM does not compete,
+and the winner ranks each item budget as the baseline the backtest cannot tell apart from the
+best one there (the simplest within half a point or one standard error, of those that score at
+least that many items above zero at the last origin: the last window cannot rank the
+thousandth block of a window that saw 300), one baseline where one holds at every budget, with
+counts calibrated as the tiered rankings' are (:func:`baseline_tiers`,
+:func:`with_calibrated`). On the generated shared-heads traces in 1-minute windows, an
+uncalibrated baseline's MAE went up to 10% over the lowest baseline's on later windows, and
+the last window at 1,000 blocks lost 6 points. The note says so.
+
+The winner does the predicting as the backtest scored it: the very candidate fitted at the
+backtest's last origin (its tiers, rankers and weights learned once, on the history up to that
+origin), not a refit that could rank otherwise. The backtest table and the winner's margin over
+the best baseline go with it into the saved model's metadata (:func:`selection_metadata`),
+where the planner and ``prewarm status`` read them back (:func:`load_selected`,
+:func:`saved_selection`).
 
 With too little history for LightGBM to learn from (fewer than ``min_learning_windows`` windows
 before the first origin, or too few origins after them) only the baselines, blends and tiered
 rankings compete, and the report says so. The tiered rankings need item budgets (token budgets
-alone: they do not compete) and add their own backtest on the same origins to the time budget's
-(simple models only, outside the time budget).
+alone: they do not compete) and add their own backtest on the same origins (simple models only).
 """
 
 from __future__ import annotations
@@ -85,11 +99,24 @@ METRICS = tuple(METRIC_COLUMNS)
 SHARE_TOLERANCE, MAE_TOLERANCE = 0.005, 0.01
 #: Standard errors a more complex candidate must be better by to be preferred.
 NOISE_SES = 1.0
-#: Seconds a selection's backtest may take: on Mooncake in 1-minute windows (~180,000 blocks)
-#: one origin block of LightGBM fits and predictions takes ~5-10 s on the shared 2 cores.
-TIME_BUDGET_S = 30.0
-#: Refit blocks the backtest's span is cut into at most (each refits every candidate).
+#: Origins a selection's backtest scores at most (the latest ones): its size in work, never in
+#: seconds, so a choice does not depend on the machine's load.
+MAX_ORIGINS = 48
+#: Origins the tiers' rankers are judged on at most (simple models only: cheap).
+MAX_TIER_ORIGINS = 96
+#: Refit blocks the backtest's span is cut into at most before the last origin (each refits
+#: every candidate), and the last origin's own.
 MAX_REFITS = 8
+#: A short history's tier goes to a baseline within the noise of the best only where it scores
+#: this many times the budget's items above zero at the last origin (past those it ranks by
+#: position); a shallower one must be the best. On a shared-heads trace in 1-minute windows a
+#: moving average 0.1 point behind the EWMA at 1,000 blocks, scoring 1,034 blocks at the origin,
+#: lost 3 points to it on the next windows; in 5-minute windows the last window, the best there
+#: by 7 points and scoring 1,339 blocks, was the best on the next windows too.
+RANK_DEPTH = 2
+#: Windows of history below which the choice prefers a baseline the backtest cannot tell apart
+#: from the best (tens of windows: too few origins to trust a lead of anything more complex).
+SHORT_HISTORY = 48
 #: Origins learners (LightGBM, the tiers of the tiered rankings) must be judged on.
 MIN_LEARNING_ORIGINS = 6
 #: The first origin the tiers' rankers are judged from (six windows of history: the moving
@@ -161,6 +188,56 @@ def simplest_unbeaten(backtest: Backtest, names: list[str]) -> str:
         if beats(backtest, challenger, winner):
             winner = challenger
     return winner
+
+
+def baseline_tiers(
+    backtest: Backtest, budgets: tuple[int, ...], ranks: dict[str, int]
+) -> tuple[tuple[str, ...], str]:
+    """A short history's rankers: each item budget's the simplest baseline the backtest cannot
+    tell apart from the best one there — within the larger of :data:`SHARE_TOLERANCE` and one
+    standard error of their paired difference (the one-standard-error rule) — where it ranks
+    :data:`RANK_DEPTH` times that many items or as many as the deepest one (``ranks[name]``:
+    the items it scores above zero at the last origin; past them it ranks by position), a
+    shallower one only as the best (on a tie, the best over every budget, then the lowest MAE);
+    and the rest's the baseline with the lowest MAE."""
+    names = baseline_names(backtest)
+    overall = {name: (float(backtest.share(name).mean()), -backtest.mae(name)) for name in names}
+    tiers: list[str] = []
+    for budget in budgets:
+        i = backtest.budgets.index(f"{budget} items")
+        # On a tie (every one takes all a window's items), the best over every budget.
+        best = max(names, key=lambda name: (float(backtest.share(name)[i]), *overall[name]))
+        depth = min(RANK_DEPTH * budget, max(ranks.get(name, 0) for name in names))
+        deep = [name for name in names if ranks.get(name, 0) >= depth]
+        tiers.extend(tier_rankers(backtest, deep, (budget,), SHARE_TOLERANCE, NOISE_SES)
+                     if best in deep else (best,))  # fmt: skip
+    return tuple(tiers), min(names, key=backtest.mae)
+
+
+def with_calibrated(
+    matrix: CountMatrix,
+    models: dict[str, HotnessModel],
+    scored: Backtest,
+    plan: BacktestPlan,
+    selected: SelectedForecaster,
+) -> tuple[dict[str, HotnessModel], Backtest, str]:
+    """The candidates and their backtest with the baselines' own tiers under calibrated counts
+    (:func:`baseline_tiers`, a :class:`models.tiered.TieredRanking`; named
+    ``<baseline>_calibrated`` when one baseline ranks every tier, else ``baselines_tiered``)
+    scored on the same origins, last; and its name."""
+    budgets = tuple(selected.budgets)
+    t, seen = plan.last_t, matrix.seen_by(plan.last_t)
+    ranks = {name: int((models[name].predict_at(matrix, t, seen) > 0).sum())
+             for name in baseline_names(scored)}  # fmt: skip
+    tiers, rest = baseline_tiers(scored, budgets, ranks)
+    model = TieredRanking(budgets, tiers, rest, True, daily=selected.daily_,
+                          horizon=selected.horizon)  # fmt: skip
+    name = f"{tiers[0]}_calibrated" if len({*tiers, rest}) == 1 else "baselines_tiered"
+    same_span = replace(plan, first_t=int(scored.origins[0]))
+    tokens, horizon = tuple(selected.budget_tokens), selected.horizon
+    alone = run_backtest(matrix, {name: model}, same_span, budgets, tokens, horizon,
+                         selected.metric)  # fmt: skip
+    return {**models, name: model}, scored.joined(alone, len(models)), name
 
 
 def with_tiered(
@@ -236,9 +313,10 @@ class SelectedForecaster(HotnessModel):
     """The backtest winner among :func:`candidate_models`; see the module docstring.
 
     ``budgets`` (items) and ``budget_tokens`` (tokens): the plans' budgets the share is
-    measured at; ``backtest`` caps the origins scored (default: as many as ``time_budget_s``
-    allows); ``horizon`` the window ahead predicted; ``metric`` what the share counts (one of
-    :data:`METRICS`).
+    measured at; ``backtest`` the origins scored at most (the latest ones); ``horizon`` the
+    window ahead predicted; ``metric`` what the share counts (one of :data:`METRICS`);
+    ``short_history`` the windows below which a baseline the backtest cannot tell apart from
+    the best is preferred.
     """
 
     name = "selected"
@@ -246,13 +324,13 @@ class SelectedForecaster(HotnessModel):
     def __init__(
         self,
         budgets: tuple[int, ...] = (100,),
-        backtest: int | None = None,
+        backtest: int | None = MAX_ORIGINS,
         horizon: int = 1,
         min_learning_windows: int = 12,
         learning: bool = True,
         metric: str = "requests",
         budget_tokens: tuple[int, ...] = (),
-        time_budget_s: float = TIME_BUDGET_S,
+        short_history: int = SHORT_HISTORY,
     ) -> None:
         if metric not in METRICS:
             raise BadInputError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})",
@@ -264,14 +342,16 @@ class SelectedForecaster(HotnessModel):
         self.horizon = horizon
         self.min_learning_windows = min_learning_windows
         self.learning = learning
-        self.time_budget_s = time_budget_s
+        self.short_history = short_history
 
     def fit(self, matrix: CountMatrix, until: int | None = None) -> SelectedForecaster:
-        """Backtest the candidates on as many origins up to ``until`` as the time budget
-        allows, keep the winner fitted on all of them; returns ``self``."""
-        started = time.perf_counter()
+        """Backtest the candidates on the latest ``backtest`` origins up to ``until`` and keep
+        the winner as the backtest fitted it at the last one; returns ``self``."""
+        started, cpu = time.perf_counter(), time.process_time()
         end = _until(matrix, until)
-        needed = self.min_learning_windows if self.learning else end + 2
+        short = end + 1 < self.short_history
+        # A short history's few origins cannot vouch for a learner: it does not compete.
+        needed = self.min_learning_windows if self.learning and not short else end + 2
         plan = plan_backtest(end, self.horizon, needed, MAX_REFITS, MIN_LEARNING_ORIGINS,
                              self.backtest)  # fmt: skip
         if plan is None:
@@ -280,23 +360,30 @@ class SelectedForecaster(HotnessModel):
                 where="counts",
             )
         period = windows_per_day(matrix.window)
-        daily = period is not None and plan.first_t + self.horizon > period
-        self.daily_ = daily
-        models = candidate_models(plan.learning, self.horizon, daily)
+        self.daily_ = period is not None and plan.first_t + self.horizon > period
+        models = candidate_models(plan.learning, self.horizon, self.daily_)
         scored = run_backtest(matrix, models, plan, tuple(self.budgets),
-                              tuple(self.budget_tokens), self.horizon, self.metric,
-                              self.time_budget_s)  # fmt: skip
+                              tuple(self.budget_tokens), self.horizon, self.metric)  # fmt: skip
         if self.budgets:
             rankers = self._rankers_backtest(matrix, models, plan) if plan.learning else None
             models, scored = with_tiered(matrix, models, scored, plan, self, rankers)
-        self.winner_name_ = choose(scored)
+        if short and self.budgets:  # the baselines' own ranking, in tiers: nothing learned
+            models, scored, self.winner_name_ = with_calibrated(matrix, models, scored, plan, self)
+        else:
+            self.winner_name_ = choose(scored)
+        self.backtest_ = scored
         self.table_ = backtest_table(scored, {name: m.name for name, m in models.items()})
         self.margin_ = margin(scored, self.winner_name_)
-        self.winner_ = models[self.winner_name_].fit(matrix, end)
-        self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows)
-        first = int(scored.origins[0])
-        self.backtest_span_ = (matrix.window_start(first), matrix.window_start(end))
+        # What the backtest scored at its last origin, not a refit that could rank otherwise.
+        self.winner_ = models[self.winner_name_]
+        self.note_ = _note(plan.learning, self.learning, end + 1, self.min_learning_windows,
+                           self.short_history)  # fmt: skip
+        if short:
+            self.note_ += "; " + _short_note(end + 1, self.short_history, self.winner_)
+        self.backtest_span_ = (matrix.window_start(plan.first_t), matrix.window_start(end))
+        self.plan_ = plan
         self.seconds_ = time.perf_counter() - started
+        self.cpu_seconds_ = time.process_time() - cpu
         self.window_ = matrix.window
         self.trained_until_ = matrix.window_start(end)
         return self
@@ -305,12 +392,14 @@ class SelectedForecaster(HotnessModel):
         self, matrix: CountMatrix, models: dict[str, HotnessModel], plan: BacktestPlan
     ) -> Backtest:
         """The simple candidates' backtest from :data:`FIRST_TIER_ORIGIN` on (the learners'
-        starts later): what the tiers' rankers are chosen by."""
+        starts later), over :data:`MAX_TIER_ORIGINS` at most: what the tiers' rankers are
+        chosen by."""
         simple = {name: model for name, model in models.items()
                   if name in simple_models(self.daily_)}  # fmt: skip
-        wide = replace(plan, first_t=min(plan.first_t, FIRST_TIER_ORIGIN))
+        first = max(min(plan.first_t, FIRST_TIER_ORIGIN), plan.last_t - MAX_TIER_ORIGINS + 1)
+        wide = replace(plan, first_t=first)
         return run_backtest(matrix, simple, wide, tuple(self.budgets), tuple(self.budget_tokens),
-                            self.horizon, self.metric, self.time_budget_s)  # fmt: skip
+                            self.horizon, self.metric)  # fmt: skip
 
     def _predict(
         self, matrix: CountMatrix, t: int, items: np.ndarray, horizon: int = 1
@@ -330,8 +419,12 @@ class SelectedForecaster(HotnessModel):
             "backtest_from": self.backtest_span_[0].isoformat(),
             "backtest_until": self.backtest_span_[1].isoformat(),
             "note": self.note_,
+            "origins": self.plan_.origins,
+            "refit_every": self.plan_.refit_every,
             "seconds": round(self.seconds_, 3),
+            "cpu_seconds": round(self.cpu_seconds_, 3),
             "margin": self.margin_,
+            "tiers": list(self.winner_.tiers) if isinstance(self.winner_, TieredRanking) else None,
             "table": [_row(r) for r in self.table_.to_dict(orient="records")],
         }
 
@@ -357,14 +450,28 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _note(learning: bool, wanted: bool, history: int, needed: int) -> str:
+def _short_note(history: int, short: int, winner: HotnessModel) -> str:
+    head = f"short history ({history} windows, under {short}): "
+    if not isinstance(winner, TieredRanking):  # token budgets only: chosen as on a long one
+        return head + "no item budget to rank the baselines' tiers by; chosen as on a long one"
+    tiers = ", ".join(f"{b}: {name}" for b, name in zip(winner.budgets, winner.tiers, strict=True))
+    if len({*winner.tiers, winner.rest}) == 1:
+        return head + (f"kept the baseline {winner.rest}, which the backtest cannot tell apart "
+                       f"from the best at any budget, counts calibrated")  # fmt: skip
+    ranked = (f"each budget ranked by the baseline the backtest cannot tell apart from the best "
+              f"there ({tiers}; the rest by the lowest MAE's, {winner.rest})")  # fmt: skip
+    return head + ranked + ", counts calibrated"
+
+
+def _note(learning: bool, wanted: bool, history: int, needed: int, short: int) -> str:
     if learning:
         return "baselines, blends, tiered rankings and LightGBM compared"
     if not wanted:
         return "baselines, blends and tiered rankings only (LightGBM not asked for)"
     return (
         f"baselines, blends and tiered rankings only: {history} window(s) of history, too few for "
-        f"LightGBM (it needs {needed} before the backtest and {MIN_LEARNING_ORIGINS} origins in it)"
+        f"LightGBM (it needs {short} windows, {needed} before the backtest and "
+        f"{MIN_LEARNING_ORIGINS} origins in it)"
     )
 
 

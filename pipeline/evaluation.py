@@ -12,11 +12,17 @@ fit in ``B`` tokens) form the warmed set, and the step is judged on window ``t +
   restart saves (an engine caches a prefix at its first use, so each used item counts once),
   with its own history oracle (as many used, seen items as the budget takes);
 * MAE — mean absolute error of predicted counts over the seen items and the next window's items.
+
+:func:`held_out_margins` states a model's standing against the best baseline in the run's own
+noise: per budget its lead in points of the history oracle, with the standard error of the
+paired window-by-window difference, and whether the held-out property holds (at least the best
+baseline's share minus one point and two of those standard errors, MAE at most 2% above the
+lowest baseline MAE).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +35,10 @@ COUNT_COLUMNS = ("item_kind", "item_key", "window_start", "requests")
 TOKEN_COLUMNS = ("prompt_tokens", "output_tokens")
 #: A dense matrix above this many cells is refused: pick a longer window or fewer items.
 MAX_CELLS = 60_000_000
+#: The held-out property: share of the history oracle at least the best baseline's minus
+#: ``SHARE_SLACK`` and ``NOISE_SES`` standard errors of their paired difference across the
+#: held-out windows; MAE at most ``1 + MAE_SLACK`` times the lowest baseline MAE.
+SHARE_SLACK, NOISE_SES, MAE_SLACK = 0.01, 2.0, 0.02
 
 
 @dataclass(frozen=True)
@@ -367,3 +377,40 @@ def coarsen_counts(counts: pd.DataFrame, window: pd.Timedelta) -> pd.DataFrame:
     values = [c for c in ("requests", *TOKEN_COLUMNS) if c in frame.columns]
     summed = frame.groupby(["item_kind", "item_key", "window_start"], observed=True)[values].sum()
     return summed.reset_index()
+
+
+def standard_error(per_step: np.ndarray) -> np.ndarray:
+    """Standard error of a sum over steps (last axis): sqrt(n) x the steps' spread (infinite
+    with one step: nothing to tell noise from)."""
+    n = per_step.shape[-1]
+    if n < 2:
+        return np.full(per_step.shape[:-1], np.inf)
+    return np.sqrt(n) * per_step.std(axis=-1, ddof=1)
+
+
+def held_out_margins(steps: pd.DataFrame, model: str, baselines: Collection[str]) -> pd.DataFrame:
+    """Per budget of a walk-forward's ``steps``: ``model`` against the best of ``baselines``
+    there — ``margin`` (its share of the history oracle minus the best baseline's, in points),
+    ``se`` (the standard error of that margin from the window-by-window difference in captured
+    requests, in points), ``bound`` (the least margin the property allows: minus one point and
+    two standard errors), ``mae_ratio`` to the lowest baseline MAE, and whether each part and
+    the whole property hold."""
+    rows = []
+    for budget, part in steps.groupby("budget", sort=False):
+        captured = part.pivot_table(index="t", columns="model", values="captured", sort=True)
+        oracle = max(float(part.groupby("t")["history_oracle"].first().sum()), 1e-12)
+        errors = part.groupby("model")[["abs_error", "n_scored"]].sum()
+        mae = errors["abs_error"] / errors["n_scored"].clip(lower=1)
+        names = [name for name in baselines if name in captured.columns]
+        best = max(names, key=lambda name: float(captured[name].sum()))
+        lowest = min(names, key=lambda name: float(mae[name]))
+        difference = (captured[model] - captured[best]).to_numpy()[None, :]
+        margin = 100 * float(difference.sum()) / oracle
+        se = 100 * float(standard_error(difference)[0]) / oracle
+        bound = -(100 * SHARE_SLACK + NOISE_SES * se)
+        ratio = float(mae[model]) / max(float(mae[lowest]), 1e-12)
+        rows.append({"budget": budget, "baseline": best, "margin": margin, "se": se,
+                     "bound": bound, "share_ok": margin >= bound, "mae_ratio": ratio,
+                     "mae_baseline": lowest, "mae_ok": ratio <= 1 + MAE_SLACK})  # fmt: skip
+    table = pd.DataFrame(rows)
+    return table.assign(holds=table["share_ok"] & table["mae_ok"])

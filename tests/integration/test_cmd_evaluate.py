@@ -49,6 +49,11 @@ def test_evaluate_prints_every_model_and_budget_as_json_and_plots(mooncake_slice
     assert selection["winner"] in {row["model"] for row in selection["table"]}
     assert {"share 10 items", "share 50 items", "mae", "shortfall"} <= set(selection["table"][0])
     assert set(selection["margin"]["share"]) == {"10 items", "50 items"}
+    held_out = pd.DataFrame(payload["held_out"])  # the held-out margin in its own noise
+    assert list(held_out["budget"]) == ["10 items", "50 items"]
+    assert (held_out["se"] >= 0).all()
+    assert (held_out["bound"] <= -1.0).all()  # one point, and two standard errors below it
+    assert list(held_out["holds"]) == list(held_out["share_ok"] & held_out["mae_ok"])
     assert (table["captured_share"] <= table["history_oracle_share"] + 1e-12).all()
     assert (table["history_oracle_share"] <= table["oracle_share"] + 1e-12).all()
     assert (table["mae"] >= 0).all()
@@ -77,6 +82,8 @@ def test_evaluate_reads_an_ingest_folder_and_prints_a_table(tmp_path, capsys):
     assert "lightgbm" in out and "of history oracle" in out
     assert "selected by backtest at each of" in out
     assert "origins, winner" in out and "margin of" in out and "over the best baseline" in out
+    assert "held out: selected vs the best baseline" in out and "2 items" in out
+    assert "holds" in out or "FAILS" in out
     assert "6 items x 144 windows of 20min" in out
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -15,6 +17,7 @@ from models.persistence import save_model
 from models.selection import (
     FIRST_TIER_ORIGIN,
     SelectedForecaster,
+    baseline_tiers,
     choose,
     load_selected,
     saved_selection,
@@ -22,6 +25,7 @@ from models.selection import (
     shortfall,
     with_tiered,
 )
+from models.tiered import TieredRanking
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix, WalkForwardConfig, walk_forward
 from tests.unit.models.series import counts_from_matrix, daily_series
@@ -173,19 +177,94 @@ def test_a_candidate_that_loses_to_a_baseline_at_one_budget_is_never_chosen():
     assert choose(worse_mae) == "last_window"
 
 
-def test_the_backtest_reaches_back_as_far_as_the_time_budget_allows(moving):
+def test_the_backtest_is_sized_in_origins_and_refits_with_the_last_origin_on_its_own(moving):
     from models.backtest import plan_backtest, run_backtest
 
-    plan = plan_backtest(moving.n_windows - 1, 1, 12, 8, 6)
-    assert plan is not None and plan.learning and len(plan.blocks()) == 8
-    ticks = itertools.chain([0], itertools.count())  # a second later at every block: 1 s each
-    models = dict(baselines())
-    scored = run_backtest(moving, models, plan, (3,), time_budget_s=3.5,
-                          clock=lambda: float(next(ticks)))  # fmt: skip
-    latest = plan.blocks()[:3]  # 3 blocks fit in 3.5 s, the fourth would not
-    assert scored.origins[0] == latest[-1][0] and scored.origins[-1] == plan.last_t
-    everything = run_backtest(moving, models, plan, (3,))
-    assert everything.origins[0] == plan.first_t
+    plan = plan_backtest(moving.n_windows - 1, 1, 12, 8, 6, requested=41)
+    assert plan is not None and plan.learning and plan.origins == 41
+    blocks = plan.blocks()
+    assert len(blocks) == 9 and blocks[-1] == (plan.last_t, plan.last_t)  # 8 refits, then the last
+    assert [first for first, _ in blocks] == sorted(first for first, _ in blocks)  # oldest first
+    covered = [t for first, last in blocks for t in range(first, last + 1)]
+    assert covered == list(range(plan.first_t, plan.last_t + 1))
+    scored = run_backtest(moving, dict(baselines()), plan, (3,))
+    assert list(scored.origins) == covered and scored.cpu_seconds > 0
+
+
+#: A candidate of each kind: plain (a baseline), blended (of baselines; of LightGBM and the moving
+#: average) and tiered.
+KINDS = ("ewma", "recency_blend", "lightgbm_median_blend", "tiered_calibrated")
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_selected_model_ranks_at_the_last_origin_as_its_backtest_scored_it(
+    moving, monkeypatch, name
+):
+    from models import selection
+
+    monkeypatch.setattr(selection, "choose", lambda backtest: name)  # this kind wins
+    selected = SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
+    assert selected.winner_name_ == name
+    backtest, t = selected.backtest_, selected.plan_.last_t
+    assert backtest.origins[-1] == t
+    seen = moving.seen_by(t)
+    ranking = seen[np.argsort(-selected.predict_at(moving, t, seen), kind="stable")]
+    actual = moving.requests[:, t + 1]
+    scored = backtest.captured[backtest.models.index(name), :, -1]
+    assert [actual[ranking[:k]].sum() for k in (2, 5)] == list(scored)
+    if name == "tiered_calibrated":  # the tiers it was scored with, in the report
+        assert selected.report()["tiers"] == list(selected.winner_.tiers)
+
+
+def test_the_same_history_gets_the_same_choice_and_table_on_a_loaded_machine(moving):
+    def select() -> SelectedForecaster:
+        return SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
+
+    idle = select()
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(max(2, os.cpu_count() or 2))
+    ]  # every core busy while the selection runs
+    try:
+        busy = select()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert busy.winner_name_ == idle.winner_name_
+    pd.testing.assert_frame_equal(busy.table_, idle.table_)
+    assert busy.report()["margin"] == idle.report()["margin"]
+
+
+def test_a_short_history_ranks_as_the_best_baselines_with_calibrated_counts_and_says_so():
+    rates = np.geomspace(2, 60, 12)[:, None] * np.ones((1, 30))  # steady tenants, 30 windows
+    series = np.random.default_rng(3).poisson(rates).astype(float)
+    matrix = CountMatrix.from_counts(counts_from_matrix(series, WINDOW))
+    selected = SelectedForecaster((3, 6)).fit(matrix)
+    winner = selected.winner_
+    assert isinstance(winner, TieredRanking) and winner.calibrated
+    assert set(winner.tiers) | {winner.rest} <= set(baselines())
+    assert not any(name.startswith("lightgbm") for name in selected.table_["model"])
+    assert "short history (30 windows, under 48)" in selected.note_
+    assert winner.rest in selected.note_ and "counts calibrated" in selected.note_
+    longer = SelectedForecaster((3, 6), short_history=20).fit(matrix)
+    assert "short history" not in longer.note_
+
+
+def test_each_budget_of_a_short_history_is_ranked_by_the_simplest_baseline_within_the_noise():
+    best = [[9, 9, 9, 9], [9, 9, 9, 9]]
+    close = [[8, 10, 8, 9], [8, 10, 8, 9]]  # behind by 1 in all, SE 1.9: within the noise
+    far = [[8, 10, 8, 9], [5, 5, 5, 5]]  # and behind by 4 at every origin at the second
+    errors = {"last_window": STEADY, "moving_average": [2.0] * 4, "ewma": [1.5] * 4}
+    enough = {"last_window": 10, "moving_average": 10, "ewma": 10}
+    table = _backtest({"last_window": far, "moving_average": best, "ewma": best}, errors)
+    tiers = baseline_tiers(table, (0, 1), enough)
+    assert tiers == (("last_window", "moving_average"), "last_window")
+    table = _backtest({"last_window": close, "moving_average": best, "ewma": best}, errors)
+    assert baseline_tiers(table, (0, 1), enough)[0] == ("last_window", "last_window")
+    # Scoring no item above zero, the last window cannot rank the second budget's one item.
+    few = {**enough, "last_window": 0}
+    assert baseline_tiers(table, (0, 1), few)[0] == ("last_window", "moving_average")
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):

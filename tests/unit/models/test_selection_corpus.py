@@ -1,7 +1,8 @@
 """The selection generalises: on traces of the generated shared-heads corpus, the model the
 backtest selects (before each refit, from the history up to it) holds against the best baseline
 on the windows after it — share of the history oracle at least the best baseline's minus one
-point at every budget, MAE at most 2% above the lowest baseline MAE
+point and two standard errors of their paired difference across those windows at every budget,
+MAE at most 2% above the lowest baseline MAE
 (``python benchmarks/selection_corpus.py --regime heads`` runs the same on any seeds, and
 ``--regime conversations`` on the public trace's class)."""
 
@@ -20,9 +21,9 @@ SLOW_SEEDS = tuple(range(2, 9))
 
 
 def assert_holds(counts, refit_every: int, seed: int) -> None:
-    rows, winners = held_out(counts, refit_every, BUDGETS["heads"])
-    print(f"trace {seed}:", winners, rows.to_dict(orient="records"))  # shown with -s: margins
-    assert not shortfalls(rows), f"trace {seed} (winners {winners}):\n{rows}"
+    margins, winners = held_out(counts, refit_every, BUDGETS["heads"])
+    print(f"trace {seed}:", winners, margins.to_dict(orient="records"))  # shown with -s
+    assert not shortfalls(margins), f"trace {seed} (winners {winners}):\n{margins}"
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)
