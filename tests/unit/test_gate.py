@@ -97,3 +97,22 @@ def test_a_gated_fleet_does_not_take_its_replicas_from_the_router_it_edits():
     listed = FleetSettings(name="f", router_url="http://r:1", model="m", gate=True,
                            replicas=(ReplicaSettings(url="http://a:1"),))  # fmt: skip
     assert listed.gate_deadline_s == 120.0
+
+
+def test_the_sidecar_refuses_a_bad_option_or_an_ungated_replica_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["gate", "--replica", "http://a:1", "--every", "0"])
+    assert exited.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    config = tmp_path / "prewarm.toml"
+    config.write_text('[[fleets]]\nname = "f"\nrouter_url = "http://r:1"\nmodel = "m"\n'
+                      '[[fleets.replicas]]\nurl = "http://a:1"\n')  # fmt: skip
+    monkeypatch.setenv("PREWARM_CONFIG", str(config))
+    with pytest.raises(SystemExit) as exited:
+        main(["gate", "--replica", "http://a:1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1 and "not gated" in err[0], err
