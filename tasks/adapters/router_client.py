@@ -15,6 +15,7 @@ import httpx
 
 from pipeline.errors import EngineUnavailableError
 from pipeline.router_kinds import RouterApiError, WorkerEdit, router_kind
+from tasks.adapters.connections import tls_context
 from tasks.adapters.engine_client import samples_from_text
 from tasks.settings.fleets import FleetSettings
 
@@ -36,7 +37,9 @@ class RouterClient:
     ) -> None:
         self.fleet = fleet
         self.kind = router_kind(fleet.router)
-        self.http = httpx.Client(base_url=fleet.router_url, timeout=timeout_s, transport=transport)
+        self.http = httpx.Client(
+            base_url=fleet.router_url, timeout=timeout_s, transport=transport, verify=tls_context()
+        )
 
     def close(self) -> None:
         self.http.close()

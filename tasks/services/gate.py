@@ -40,6 +40,7 @@ from pipeline.gate import (
 from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import PlanReason
 from tasks.adapters import gate_state, problems
+from tasks.adapters.connections import tls_context
 from tasks.adapters.engine_probe import parse_metrics
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.router_client import RouterClient
@@ -62,7 +63,7 @@ RouterFor = Callable[[FleetSettings], RouterClient]
 def probe_replica(engine: EngineSettings, timeout_s: float = 1.0) -> tuple[bool, float | None]:
     """Whether ``engine`` answers ``/health``, and its process start time (from its metrics)."""
     try:
-        with httpx.Client(base_url=engine.url, timeout=timeout_s) as client:
+        with httpx.Client(base_url=engine.url, timeout=timeout_s, verify=tls_context()) as client:
             if client.get("/health").status_code != 200:
                 return False, None
             metrics = client.get(engine.metrics_url or "/metrics")
