@@ -86,6 +86,7 @@ def sidecar(settings: Settings, store: redis.Redis, engine: str, every_s: float,
     """One replica's gate, looking every ``every_s`` until it is admitted."""
     timings = Timings()
     gate = Gatekeeper(settings, store, run_here(settings, store, timings), timings=timings)
+    gate.prepare()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         (record,) = gate.look(only=engine) or (None,)

@@ -67,6 +67,7 @@ class Sidecar:
 
     def run(self) -> None:
         """Look every ``every_s`` until stopped (a failed look is logged and tried again)."""
+        self.gate.prepare()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:

@@ -17,10 +17,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from pipeline.triggers import REPLICA_READY, REPLICA_RESTARTED
 from tasks.adapters.store import Store, store_client
 from tasks.services.fleets import look_at_fleets, router_restart_warms
-from tasks.services.gate import Gatekeeper
+from tasks.services.gate import Gatekeeper, leave_gated_start_ups
 from tasks.services.loop import Submit
 from tasks.services.replica_watch import WarmNow, warm_for_trigger, watch_engine
 from tasks.settings import Settings, current_settings
@@ -50,7 +49,7 @@ class Watcher:
         self.settings, changes = look_at_fleets(self.configured, self.store)
         gate = Gatekeeper(self.settings, self.store, self.gate_submit or submitter(self.settings))
         gated = {record.engine: record for record in gate.look()}
-        warm = _gated_start_ups(self.warm, set(gated) | gate.gated_engines())
+        warm = leave_gated_start_ups(self.warm, set(gated) | gate.gated_engines())
         fired = [
             event
             for engine in self.settings.engines
@@ -70,18 +69,6 @@ class Watcher:
                 Console().print(fired, markup=False, highlight=False)
             done += 1
             time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
-
-
-def _gated_start_ups(warm: WarmNow, gated: set[str]) -> WarmNow:
-    """``warm``, but a gated replica's start-up is the gate's (it warmed it before admitting
-    it)."""
-
-    def unless_gated(engine: str, kind: str) -> dict[str, Any]:
-        if engine in gated and kind in (REPLICA_READY, REPLICA_RESTARTED):
-            return {"gate": "warmed by the gate before it was admitted"}
-        return warm(engine, kind)
-
-    return unless_gated
 
 
 def watch(

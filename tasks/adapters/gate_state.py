@@ -41,3 +41,13 @@ def find(store: redis.Redis, fleets: list[str], replica: str) -> GateRecord | No
             if wanted in (record.engine, record.url.rstrip("/")):
                 return record
     return None
+
+
+def claim(store: redis.Redis, fleet: str, engine: str, hold_s: float) -> bool:
+    """Hold the replica for one look (False: another process holds it)."""
+    key = redis_keys.GATE_LOOK.format(fleet=fleet, engine=engine)
+    return bool(store.set(key, "1", nx=True, px=int(hold_s * 1000)))
+
+
+def release(store: redis.Redis, fleet: str, engine: str) -> None:
+    store.delete(redis_keys.GATE_LOOK.format(fleet=fleet, engine=engine))

@@ -39,6 +39,7 @@ from pipeline.gate import (
 )
 from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import PlanReason
+from pipeline.triggers import REPLICA_READY, REPLICA_RESTARTED
 from tasks.adapters import gate_state, problems
 from tasks.adapters.connections import tls_context
 from tasks.adapters.engine_probe import parse_metrics
@@ -50,11 +51,15 @@ from tasks.adapters.telemetry import record_gate
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.holdings import Holdings, check_replica, verified_items
 from tasks.services.loop import Submit, WarmLoop
+from tasks.services.replica_watch import WarmNow
 from tasks.settings import EngineSettings, Settings
 from tasks.settings.fleets import FleetSettings
 
 logger = logging.getLogger(__name__)
 
+#: seconds one look may hold a replica (planning and dispatch; where the plan runs in the
+#: look's process, its run too): two processes never begin one episode twice
+LOOK_HOLD_S = 60.0
 #: (engine) -> (answers /health, its process start time)
 Probe = Callable[[EngineSettings], tuple[bool, float | None]]
 RouterFor = Callable[[FleetSettings], RouterClient]
@@ -107,6 +112,24 @@ def run_here(settings: Settings, store: Store, timings: Timings | None = None) -
     return submit
 
 
+def gated_engines(settings: Settings) -> set[str]:
+    """The engine names of every gated fleet's replicas (``settings``: with their current
+    replicas)."""
+    return {e.name for f in settings.fleets if f.gate for e in settings.replicas_of(f.name)}
+
+
+def leave_gated_start_ups(warm: WarmNow, gated: set[str]) -> WarmNow:
+    """``warm``, but the start-up of a replica in ``gated`` is the gate's (it warmed the
+    replica before admitting it): not warmed again as a trigger."""
+
+    def unless_gated(engine: str, kind: str) -> dict[str, Any]:
+        if engine in gated and kind in (REPLICA_READY, REPLICA_RESTARTED):
+            return {"gate": "warmed by the gate before it was admitted"}
+        return warm(engine, kind)
+
+    return unless_gated
+
+
 class Gatekeeper:
     """The gate's looks at the replicas of ``settings``' gated fleets (with their current
     replicas as engines); ``submit`` sends each warm-up (:func:`run_here`, or the workers')."""
@@ -131,13 +154,19 @@ class Gatekeeper:
         finally:
             self.submit_s = self.clock() - started
 
+    def prepare(self) -> None:
+        """Import what a first plan imports when it needs it (the workload profiles: scikit-
+        learn and SciPy, seconds on a small machine), so a sidecar started with its pod pays
+        for it while its engine loads a model, not while the replica waits."""
+        import models.profiles  # noqa: F401 (imported for its cost, now)
+
     def gated(self) -> list[FleetSettings]:
         """The fleets with ``gate = true``."""
         return [fleet for fleet in self.settings.fleets if fleet.gate]
 
     def gated_engines(self) -> set[str]:
         """The engine names of every gated fleet's replicas."""
-        return {e.name for f in self.gated() for e in self.settings.replicas_of(f.name)}
+        return gated_engines(self.settings)
 
     def look(self, only: str | None = None) -> list[GateRecord]:
         """One look at every gated replica (``only``: that engine); their records."""
@@ -148,8 +177,13 @@ class Gatekeeper:
             for engine in self.settings.replicas_of(fleet.name):
                 if only is not None and engine.name != only:
                     continue
-                last = gate_state.load(self.store, fleet.name, engine.name)
-                record = self.step(fleet, engine, last)
+                if not gate_state.claim(self.store, fleet.name, engine.name, LOOK_HOLD_S):
+                    continue  # (another process looks at it now)
+                try:
+                    last = gate_state.load(self.store, fleet.name, engine.name)
+                    record = self.step(fleet, engine, last)
+                finally:
+                    gate_state.release(self.store, fleet.name, engine.name)
                 if record is None:
                     continue
                 records.append(record)
@@ -226,7 +260,10 @@ class Gatekeeper:
                 return record
             return self._admit(engine, record, GateState.READY, record.why or "nothing to warm")
         plans, plan_id = PlanStore(self.store), record.plan_id
-        report = plans.report(plan_id)
+        try:
+            report = plans.report(plan_id)
+        except PrewarmError as exc:  # (expired, or never stored: sent again)
+            return replace(record, plan_id=None, why=f"warm-up failed: {exc}")
         if report["state"] != "finished":
             return record
         if "warm" not in record.stages and "seconds" in report:

@@ -20,6 +20,7 @@ import pytest
 
 from jobs.api import build_api
 from jobs.embedded import free_port, serve_app
+from tasks.adapters import gate_state
 from tests.integration.gate_rig import GatedRig, Users, balancing_on_load, landed_on
 
 pytestmark = pytest.mark.integration
@@ -90,6 +91,7 @@ def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, sto
         users.stop()
         with serve_app(build_api(rig.settings)) as api:
             from_api = httpx.get(f"{api}/ready/{pod.url}", timeout=10)
+        (record,) = [r for r in gate_state.fleet_records(store, rig.name) if r.url == pod.url]
     finally:
         if sidecar is not None:
             sidecar.terminate()
@@ -101,6 +103,7 @@ def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, sto
     assert from_api.status_code == 200, from_api.text
     reached = landed_on(pod, [r for r in users.requests if r.sent >= joined - 1])
     print(f"\nreadiness: probes {answers}; {len(reached)} requests reached the new pod, "
-          f"{sum(not r.from_cache for r in reached)} not from cache")  # fmt: skip
+          f"{sum(not r.from_cache for r in reached)} not from cache; time to ready "
+          f"{record.time_to_ready:.3f}s, stages {record.stages}")  # fmt: skip
     assert reached and all(r.from_cache for r in reached), [(r.n, r.cached, r.prompt)
                                                             for r in reached]  # fmt: skip
