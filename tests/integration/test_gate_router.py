@@ -110,3 +110,27 @@ def test_a_replica_never_verified_is_admitted_cold_at_the_deadline(
     )
     assert 'prewarm_gate_waiting{fleet="fleet"} 0.0' in scrape
     assert (ready.status_code, unknown.status_code) == (200, 503)
+
+
+def test_sglang_router_admits_a_gated_replica_only_once_warm(store, store_url, tmp_path):
+    """The same gate behind the real ``sglang-router`` 0.3.2: its workers added with
+    ``POST /workers`` and removed with ``DELETE /workers/{id}``."""
+    rig = GatedRig(tmp_path, "round_robin", 2, store, store_url, router="sglang-router")
+
+    def workers() -> list[str]:
+        listed = httpx.get(f"{rig.router.url}/workers", timeout=5).json()["workers"]
+        return sorted(w["url"] for w in listed)
+
+    try:
+        rig.start()
+        assert workers() == sorted(r.url for r in rig.replicas)
+        _warm_up_traffic(rig)
+        gated = scenario(rig, TEMPLATES, gated=True)
+        states = {r.url: r.state.value for r in gate_state.fleet_records(store, rig.name)}
+        assert workers() == sorted(r.url for r in rig.replicas)
+    finally:
+        rig.stop()
+    print(f"\nsglang-router round_robin: with the gate {gated}")
+    assert set(states.values()) == {"ready"}, states
+    assert gated["restarted"]["reached"] > 0 and gated["added"]["reached"] > 0, gated
+    assert gated["restarted"]["cold"] == 0 and gated["added"]["cold"] == 0, gated
