@@ -3,6 +3,8 @@
 ``GET /health`` answers 200 with JSON when the broker and the store answer — ``"status":
 "degraded"`` with a line per problem (a fleet's router down, its replicas not found, a plan with
 items not verified) and since when, ``"ok"`` with none — and 503 naming what is down otherwise.
+``GET /ready/{replica}`` answers a gated replica's readiness (:mod:`pipeline.gate`): 503 until
+prewarm has verified its hot set on it, 200 after (or once its deadline passed).
 ``GET /metrics`` exposes prewarm's own metrics: the process's default registry
 (where the webhook counters live), queue depths read from the broker, and the whole cluster's
 warm-up metrics (:mod:`tasks.adapters.telemetry`) and open WAL transactions read from the store,
@@ -18,7 +20,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -64,6 +71,21 @@ class QueueDepthCollector(Collector):
         yield depth
 
 
+def _histograms(
+    name: str, spec: telemetry.MetricSpec, rows: list[tuple[tuple[str, ...], float]]
+) -> HistogramMetricFamily:
+    """A histogram family from its stored parts (``le:<bound>``, ``sum``, ``count``)."""
+    family = HistogramMetricFamily(name, spec.help, labels=list(spec.labels))
+    parts: dict[tuple[str, ...], dict[str, float]] = {}
+    for labels, value in rows:
+        parts.setdefault(labels[:-1], {})[labels[-1]] = value
+    for labels, part in sorted(parts.items()):
+        buckets = [(f"{b:g}", part.get(f"le:{b:g}", 0.0)) for b in spec.buckets]
+        buckets.append(("+Inf", part.get("count", 0.0)))
+        family.add_metric(list(labels), buckets, part.get("sum", 0.0))
+    return family
+
+
 def _family(name: str, spec: telemetry.MetricSpec) -> CounterMetricFamily | GaugeMetricFamily:
     if spec.kind == "counter":
         return CounterMetricFamily(name, spec.help, labels=list(spec.labels))
@@ -99,6 +121,9 @@ class TelemetryCollector(Collector):
         up.add_metric([], 1.0)
         yield up
         for name, spec in telemetry.SPECS.items():
+            if spec.kind == "histogram":
+                yield _histograms(name, spec, series.get(name, []))
+                continue
             family = _family(name, spec)
             for labels, value in series.get(name, ()):
                 family.add_metric(list(labels), value)
@@ -154,6 +179,19 @@ def health_payload(settings: Settings, now: float | None = None) -> tuple[int, d
     return (200 if healthy else 503), body
 
 
+def ready_payload(settings: Settings, replica: str) -> tuple[int, dict[str, Any]]:
+    """``GET /ready/{replica}`` (engine name or URL): the gate's readiness answer, 200 once
+    prewarm verified the replica's hot set (or its deadline passed), 503 before; 503 too when
+    the store does not answer (a probe that cannot tell says not ready)."""
+    from tasks.services.gate import replica_readiness
+
+    try:
+        return replica_readiness(settings, probe_client(settings.store_redis_url), replica,
+                                 time.time())  # fmt: skip
+    except STORE_DOWN as exc:
+        return 503, {"replica": replica, "ready": False, "why": f"store down: {exc}"}
+
+
 def _mounted_routes() -> list[BaseRoute]:
     routes: list[BaseRoute] = []
     for name in ROUTE_PROVIDERS:
@@ -195,8 +233,15 @@ def build_api(settings: Settings | None = None) -> Starlette:
         text = generate_latest(REGISTRY) + await run_in_threadpool(generate_latest, registry)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def ready(request: Request) -> Response:
+        status, body = await run_in_threadpool(
+            ready_payload, current(), request.path_params["replica"]
+        )
+        return JSONResponse(body, status_code=status)
+
     routes: list[BaseRoute] = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/ready/{replica:path}", ready, methods=["GET"]),
     ]
     return Starlette(routes=routes + _mounted_routes())

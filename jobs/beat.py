@@ -33,6 +33,7 @@ PERIODIC = (
     ("poll-template-repos", "prewarm.events.poll_repos", "poll_repos_s"),
     ("wal-recovery-sweep", "prewarm.warm.recover", "wal_sweep_s"),
     ("replica-watch", "prewarm.events.replica_watch", "replica_watch_s"),
+    ("gate-watch", "prewarm.events.gate_watch", "gate_watch_s"),
 )
 
 

@@ -54,6 +54,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "jobs.cmd_health": ("health",),
     "jobs.demo": ("demo",),
     "jobs.cmd_watch": ("watch",),
+    "jobs.cmd_gate": ("gate",),
     "jobs.cmd_templates": ("templates",),
     "jobs.cmd_ingest": ("ingest",),
     "jobs.cmd_warm": ("plan", "warm", "wal"),

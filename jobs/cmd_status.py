@@ -39,6 +39,20 @@ def _outcome_line(label: str, outcome: dict[str, Any] | None) -> str:
     return text
 
 
+def _gate_line(row: dict[str, Any]) -> str:
+    """One gated replica: its state, and how long it waited (or took to be admitted)."""
+    state = row["state"]
+    if row.get("waiting_s") is not None:
+        took = f"waiting {row['waiting_s']:.1f}s"
+    elif row.get("time_to_ready_s") is not None:
+        took = f"ready in {row['time_to_ready_s'] * 1000:.0f} ms (prewarm's part " \
+               f"{row['prewarm_s'] * 1000:.0f} ms)"  # fmt: skip
+    else:
+        took = ""
+    why = f": {row['why']}" if row.get("why") else ""
+    return f"gate {row['fleet']}/{row['engine']}: {state} {took}{why}"
+
+
 def _print(status: dict[str, Any], console: Console) -> None:
     health = "healthy" if status["healthy"] else "UNHEALTHY"
     console.print(f"loop: {health}, window {status['window_s']}s")
@@ -51,6 +65,8 @@ def _print(status: dict[str, Any], console: Console) -> None:
         console.print(f"fleet {fleet['fleet']}: {fleet['router']} {fleet['router_url']}, policy "
                       f"{fleet['policy']}, road {fleet['road']}; replicas "
                       f"({fleet['replicas_from']}): {replicas}")  # fmt: skip
+    for row in status.get("gate", ()):
+        console.print(_gate_line(row))
     for engine in status["engines"]:
         of = f", replica of fleet {engine['fleet']}" if engine.get("fleet") else ""
         console.print(f"engine {engine['engine']} ({engine['url']}{of})")

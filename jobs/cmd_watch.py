@@ -19,6 +19,8 @@ from rich.console import Console
 
 from tasks.adapters.store import Store, store_client
 from tasks.services.fleets import look_at_fleets, router_restart_warms
+from tasks.services.gate import Gatekeeper, leave_gated_start_ups
+from tasks.services.loop import Submit
 from tasks.services.replica_watch import WarmNow, warm_for_trigger, watch_engine
 from tasks.settings import Settings, current_settings
 from tasks.warm_tasks import submitter
@@ -26,11 +28,17 @@ from tasks.warm_tasks import submitter
 
 class Watcher:
     """One polling loop over every configured engine; ``warm`` is what an event past its
-    cooldown does (by default: warm now, in this process)."""
+    cooldown does (by default: warm now, in this process). The replicas of a gated fleet are
+    the gate's (:class:`tasks.services.gate.Gatekeeper`, its plans sent with ``gate_submit``,
+    by default to the workers): their start-up is not warmed again as a trigger."""
 
-    def __init__(self, settings: Settings, store: Store, warm: WarmNow | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, warm: WarmNow | None = None,
+        gate_submit: Submit | None = None,
+    ) -> None:  # fmt: skip
         self.configured, self.settings, self.store = settings, settings, store
         self.warm = warm or self._warm_here
+        self.gate_submit = gate_submit
 
     def _warm_here(self, engine: str, kind: str) -> dict[str, Any]:
         return warm_for_trigger(self.settings, self.store, engine, kind, submitter(self.settings))
@@ -39,10 +47,13 @@ class Watcher:
         """One look at every engine (each fleet's replicas as its router lists them now); what
         fired (and what warming it did)."""
         self.settings, changes = look_at_fleets(self.configured, self.store)
+        gate = Gatekeeper(self.settings, self.store, self.gate_submit or submitter(self.settings))
+        gated = {record.engine: record for record in gate.look()}
+        warm = leave_gated_start_ups(self.warm, set(gated) | gate.gated_engines())
         fired = [
             event
             for engine in self.settings.engines
-            for event in watch_engine(self.settings, self.store, engine, self.warm)
+            for event in watch_engine(self.settings, self.store, engine, warm)
         ]
         warmed = {event["engine"] for event in fired}
         return fired + router_restart_warms(

@@ -93,3 +93,10 @@ def through_router(plan: WarmPlan) -> WarmPlan:
     restarted: it learns where each prefix lives from the primes it routes)."""
     note = "fleet road through-router: the router restarted, its memory starts empty"
     return replace(plan, road=Road.THROUGH_ROUTER.value, notes=(*plan.notes, note))
+
+
+def on_replica(plan: WarmPlan) -> WarmPlan:
+    """``plan`` sent directly to its replica whatever the policy's road: a gated replica is out
+    of the router's list until it is warm, so the router cannot place its primes."""
+    note = "fleet road on-replica: gated, the replica takes no traffic until it is warm"
+    return replace(plan, road=Road.ON_REPLICA.value, notes=(*plan.notes, note))

@@ -19,6 +19,15 @@ Checked on the versions named, from their behaviour on loopback in front of simu
 
 A router of a known kind that answers its worker list's route with 404 is of another kind or
 version: :class:`RouterApiError`, never an empty fleet.
+
+Worker membership at run time (what the gate edits, :mod:`pipeline.gate`), tried on loopback:
+
+- **vllm-router 0.1.17**: ``POST /add_worker?url=URL`` and ``POST /remove_worker?url=URL``
+  (200 once done: it checks the worker's health before it adds it).
+- **sglang-router 0.3.2**: ``POST /workers`` with JSON ``{"url": URL}`` (202: queued, listed
+  within milliseconds) and ``DELETE /workers/{id}`` with the worker's id (a UUID) from its list
+  (202); ``DELETE /workers/{url}`` is 400 ("expected UUID"), ``/add_worker`` and
+  ``/remove_worker`` are 404.
 """
 
 from __future__ import annotations
@@ -52,6 +61,34 @@ def _sglang_router_workers(body: Any) -> list[str]:
     return [str(u) for u in urls]
 
 
+def _sglang_router_ids(body: Any) -> dict[str, str]:
+    return {
+        str(w["url"]).rstrip("/"): str(w["id"])
+        for w in body.get("workers", ())
+        if isinstance(w, dict) and "url" in w and "id" in w
+    }
+
+
+def _no_ids(body: Any) -> dict[str, str]:
+    return {}
+
+
+@dataclass(frozen=True)
+class WorkerEdit:
+    """One call that adds or removes a worker: its method and path (``{id}``: the worker's id
+    from the worker list), and whether the URL goes as the ``url`` query parameter or as JSON
+    ``{"url": ...}`` (``none``: the path names it)."""
+
+    method: str
+    path: str
+    url_as: str  # "query" | "json" | "none"
+
+    @property
+    def by_id(self) -> bool:
+        """Whether the path names the worker by its id in the worker list."""
+        return "{id}" in self.path
+
+
 @dataclass(frozen=True)
 class RouterKind:
     """One router kind as prewarm drives it."""
@@ -66,6 +103,11 @@ class RouterKind:
     #: policies whose memory of where prefixes live is keyed on the request's text (a chat by
     #: its messages): primes of chat prefixes go as chats, as their users send them
     text_keyed: frozenset[str] = frozenset()
+    #: how a worker is added to and removed from its list at run time
+    add: WorkerEdit = WorkerEdit("POST", "/add_worker", "query")
+    remove: WorkerEdit = WorkerEdit("POST", "/remove_worker", "query")
+    #: url → id of each worker in the body of its worker list (kinds that remove by id)
+    ids_from: Callable[[Any], dict[str, str]] = _no_ids
 
     def workers(self, body: Any, where: str) -> list[str]:
         """Worker URLs from the body of its worker list, without a trailing ``/``."""
@@ -98,6 +140,9 @@ ROUTER_KINDS: dict[str, RouterKind] = {
         "smg_router_requests_total",
         ("cache_aware", "round_robin", "random", "power_of_two"),
         text_keyed=frozenset({"cache_aware"}),
+        add=WorkerEdit("POST", "/workers", "json"),
+        remove=WorkerEdit("DELETE", "/workers/{id}", "none"),
+        ids_from=_sglang_router_ids,
     ),
 }
 

@@ -146,3 +146,12 @@ def test_build_model_and_the_cache_model_on_its_tokenizer(tmp_path):
     result = json.loads(smoke("engines/cache_model.py", "--json", env=env))
     (seed,) = result["per_seed"]
     assert seed["first_uses"] > 0 and seed["oracle"] >= seed["prewarm"], seed
+
+
+def test_gate_times_replicas_joining_a_gated_fleet(private_redis):
+    rows = last_json(smoke("gate.py", "--redis", private_redis))
+    assert [r["replicas"] for r in rows] == [1, 2]
+    for row in rows:
+        assert 0 < row["prewarm_p50_s"] <= row["time_to_ready_p50_s"] <= row["time_to_ready_p99_s"]
+        assert set(row["stages_p50_s"]) == {"detection", "planning", "dispatch", "warm",
+                                            "verification"}  # fmt: skip

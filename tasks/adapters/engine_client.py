@@ -21,6 +21,7 @@ import httpx
 from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.own_requests import own_request_id
 from pipeline.planner.plan import WarmItem
+from tasks.adapters.connections import tls_context
 from tasks.settings import EngineSettings
 
 
@@ -80,6 +81,7 @@ class EngineClient:
             timeout=timeout_s,
             transport=transport,
             limits=httpx.Limits(max_connections=engine.max_concurrency),
+            verify=tls_context(),
         )
         self.requests = 0
 

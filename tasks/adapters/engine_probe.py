@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.errors import BadInputError
 from pipeline.triggers import EngineSample, ReplicaObservation
+from tasks.adapters.connections import tls_context
 from tasks.settings import EngineSettings
 
 _COUNTERS = {
@@ -60,7 +61,7 @@ def observe(
 ) -> tuple[ReplicaObservation, EngineSample | None]:
     """Look at one replica once; an unreachable one is observed as unhealthy."""
     now = time.time()
-    with httpx.Client(base_url=engine.url, timeout=timeout_s) as client:
+    with httpx.Client(base_url=engine.url, timeout=timeout_s, verify=tls_context()) as client:
         health = _get(client, "/health")
         healthy = health is not None and health.status_code == 200
         models = _models(_get(client, "/v1/models")) if healthy else ()

@@ -20,6 +20,8 @@ UNDISCOVERABLE = "replicas_undiscoverable"
 ROUTER_DOWN = "router_down"
 #: an engine's last plan with items not verified (failed to warm, or not held where users land)
 PLAN_UNVERIFIED = "plan_unverified"
+#: a gated replica admitted cold at its deadline (cleared when a later episode is verified)
+GATE_ADMITTED_COLD = "gate_admitted_cold"
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,12 @@ FLEET_SENT = ROOT + ":fleets:sent"
 #: (hash: engine -> JSON {ts, plan}); warmed again, and taken out, once the router answers
 FLEET_ROAD_FAILED = ROOT + ":fleets:{fleet}:road-failed"
 
+# --- the gate -----------------------------------------------------------------------------------
+#: each gated replica's episode (hash: engine -> JSON :class:`pipeline.gate.GateRecord`)
+GATE = ROOT + ":gate:{fleet}"
+#: held by the process looking at a gated replica now (expires: a look that died)
+GATE_LOOK = ROOT + ":gate:{fleet}:look:{engine}"
+
 # --- problems -----------------------------------------------------------------------------------
 #: what makes ``prewarm status`` exit non-zero and ``/health`` say degraded, each with the time
 #: it was first seen (hash: ``<kind>:<subject>`` -> JSON {since, detail}); cleared when it goes

@@ -14,12 +14,15 @@ from collections.abc import Sequence
 import httpx
 
 from pipeline.errors import EngineUnavailableError
-from pipeline.router_kinds import RouterApiError, router_kind
+from pipeline.router_kinds import RouterApiError, WorkerEdit, router_kind
+from tasks.adapters.connections import tls_context
 from tasks.adapters.engine_client import samples_from_text
 from tasks.settings.fleets import FleetSettings
 
 #: how vllm-router 0.1.17 begins its 503 ``/health`` answer while a worker is unhealthy
 UNHEALTHY_WORKERS = "Unhealthy servers"
+#: seconds an add or a remove may take (vllm-router checks a worker's health before it adds it)
+EDIT_TIMEOUT_S = 30.0
 
 
 class RouterClient:
@@ -34,7 +37,9 @@ class RouterClient:
     ) -> None:
         self.fleet = fleet
         self.kind = router_kind(fleet.router)
-        self.http = httpx.Client(base_url=fleet.router_url, timeout=timeout_s, transport=transport)
+        self.http = httpx.Client(
+            base_url=fleet.router_url, timeout=timeout_s, transport=transport, verify=tls_context()
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -95,6 +100,46 @@ class RouterClient:
         except ValueError as exc:
             raise RouterApiError(f"not JSON ({exc})", where=where) from exc
         return self.kind.workers(body, where)
+
+    def add_worker(self, url: str) -> None:
+        """Add replica ``url`` to the router's worker list (:attr:`RouterKind.add`)."""
+        self._edit(self.kind.add, url, "add")
+
+    def remove_worker(self, url: str) -> None:
+        """Remove replica ``url`` from the router's worker list; one it does not list is left
+        as it is."""
+        edit = self.kind.remove
+        path = edit.path
+        if edit.by_id:
+            worker_id = self._worker_ids().get(url.rstrip("/"))
+            if worker_id is None:
+                return
+            path = path.format(id=worker_id)
+        self._edit(WorkerEdit(edit.method, path, edit.url_as), url, "remove")
+
+    def _worker_ids(self) -> dict[str, str]:
+        where = f"fleet {self.fleet.name}: {self.fleet.router_url}{self.kind.workers_path}"
+        try:
+            response = self.http.get(self.kind.workers_path)
+            return self.kind.ids_from(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EngineUnavailableError(f"{where}: {exc}") from exc
+
+    def _edit(self, edit: WorkerEdit, url: str, verb: str) -> None:
+        where = f"fleet {self.fleet.name}: {verb} {url} at {self.fleet.router_url}{edit.path}"
+        params = {"url": url} if edit.url_as == "query" else None
+        body = {"url": url} if edit.url_as == "json" else None
+        try:
+            response = self.http.request(
+                edit.method, edit.path, params=params, json=body, timeout=EDIT_TIMEOUT_S
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"{where}: {exc}") from exc
+        if response.status_code in (404, 405):
+            raise RouterApiError(f"HTTP {response.status_code}: not a route of "
+                                 f"{self.kind.name} {self.kind.versions}", where=where)  # fmt: skip
+        if response.status_code >= 400 and not (verb == "remove" and "not found" in response.text):
+            raise EngineUnavailableError(f"{where}: HTTP {response.status_code} {response.text}")
 
 
 def check_router_apis(fleets: Sequence[FleetSettings]) -> None:

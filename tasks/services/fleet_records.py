@@ -2,7 +2,9 @@
 
 Where placement is spread (:data:`~pipeline.fleet_roads.Road.EVERY_REPLICA`), a prefix's next
 user may land on any replica, so a replica plans from what every replica of the fleet served;
-elsewhere from its own records, where its prefixes' users landed.
+elsewhere from its own records, where its prefixes' users landed — except a gated fleet's
+warm-ups for another reason than the window (a replica's start-up, warmed before it is
+admitted), which plan from every replica's records.
 
 Combined by each replica's window tick, the fleet's records cost every tick a read of every
 replica's observations and a prefix detection over all of them: per window N reads and N
@@ -52,7 +54,10 @@ def fleet_records(
         return FleetRecords(own)
     fleet = settings.fleet(engine.fleet)
     note = road_note(fleet.policy)
-    if road_of(fleet.policy) is not Road.EVERY_REPLICA:
+    # A gated replica's start-up is warmed before it takes any traffic, whatever its road: the
+    # share it will take is of every prefix the fleet serves (a new replica has no records).
+    gated = fleet.gate and window is None
+    if road_of(fleet.policy) is not Road.EVERY_REPLICA and not gated:
         return FleetRecords(own, f"{note}; candidates: this replica's own records")
     replicas = tuple(e.name for e in settings.replicas_of(fleet.name))
     note += f"; candidates: the records of all {len(replicas)} replicas"

@@ -214,11 +214,13 @@ def with_profiles(records: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """``records`` labelled with workload profiles (``models.profiles``): ``profile`` and
     ``profile_distance`` (to its centre), so each profile's representative is a shape item; and
     a note for the plan. Unchanged when there are too few requests or the fit fails."""
-    from models.profiles import WorkloadProfiler
-
     usable = records[records["prompt"].notna()] if "prompt" in records.columns else records[:0]
     if len(usable) < MIN_PROFILED:
         return records, "shapes: length buckets (too few requests to profile)"
+    # (imported only to fit: it loads scikit-learn and SciPy, 4.6 s of a gated replica's first
+    # plan on a loaded 2-core machine, for a plan of too few requests to profile)
+    from models.profiles import WorkloadProfiler
+
     try:
         profiler = WorkloadProfiler().fit(usable)
         labels = profiler.predict(usable)

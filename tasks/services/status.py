@@ -21,6 +21,7 @@ from tasks.adapters.store import Store
 from tasks.adapters.task_health import failing_tasks
 from tasks.adapters.telemetry import record_unverified
 from tasks.services.fleets import fleet_settings, fleet_status
+from tasks.services.gate import gate_status
 from tasks.settings import EngineSettings, Settings
 
 
@@ -145,7 +146,8 @@ def loop_status(settings: Settings, store: Store, now: float | None = None) -> d
     return {"healthy": not failing and not broken and not found, "failing_tasks": failing,
             "failing_engines": broken, "window_s": settings.schedule.window_s,
             "problems": [{**p.to_dict(), "line": problem_line(p, now)} for p in found],
-            "engines": engines, "fleets": fleet_status(settings, store)}  # fmt: skip
+            "engines": engines, "fleets": fleet_status(settings, store),
+            "gate": gate_status(settings, store, now)}  # fmt: skip
 
 
 def loop_problems(settings: Settings, store: Store, now: float | None = None) -> list[str]:

@@ -92,6 +92,16 @@ class FleetSettings(Section):
     cache_block_tokens: int | None = Field(None, ge=1)
     prefill_s_per_token: float | None = Field(None, gt=0)
     adapters: tuple[str, ...] = ()
+    #: a replica takes traffic only once its hot set is warmed and verified on it
+    #: (:mod:`pipeline.gate`): out of the router's list (and not Ready) until then
+    gate: bool = False
+    #: ``router``: the gate removes and adds the replica in the router's worker list (and
+    #: answers readiness); ``readiness``: it only answers readiness (``/ready/{replica}``, the
+    #: ``prewarm gate`` sidecar): the platform (a Kubernetes Service) admits it when Ready
+    gate_by: Literal["router", "readiness"] = "router"
+    #: seconds after which a replica not yet verified is admitted cold (a gate never blocks
+    #: forever): a WARNING, ``prewarm_gate_admitted_cold_total`` and a degraded status
+    gate_deadline_s: float = Field(120.0, gt=0)
 
     @field_validator("router_url", "router_metrics_url")
     @classmethod
@@ -135,6 +145,11 @@ class FleetSettings(Section):
         if self.replicas_from != "list" and self.replicas:
             raise ValueError(
                 f"takes its replicas from the {self.replicas_from}: [[fleets.replicas]] is unused"
+            )
+        if self.gate and self.gate_by == "router" and self.replicas_from == "router":
+            raise ValueError(
+                "gate = true edits the router's worker list, which then cannot say which "
+                'replicas there are: list them, or replicas_from = "dns"'
             )
         if (self.replicas_from == "dns") != (self.replicas_dns is not None):
             raise ValueError('replicas_dns goes with replicas_from = "dns", and only with it')

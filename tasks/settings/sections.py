@@ -76,6 +76,8 @@ class ScheduleSettings(_Section):
     poll_repos_s: int = Field(60, ge=1)
     wal_sweep_s: int = Field(30, ge=1)
     replica_watch_s: int = Field(10, ge=1)
+    #: the gate's looks at gated fleets' replicas (``gate = true``; nothing to do without)
+    gate_watch_s: float = Field(1.0, gt=0)
 
 
 #: Kinds of ``[[sources]]`` entry, each read by the reader registered for it

@@ -32,6 +32,9 @@ def test_schedule_follows_the_configured_periods():
     }  # fmt: skip
     assert schedule["wal-recovery-sweep"]["schedule"] == 11.0
     assert schedule["replica-watch"]["task"] == "prewarm.events.replica_watch"
+    assert schedule["gate-watch"] == {
+        "task": "prewarm.events.gate_watch", "schedule": 1.0, "options": {"expires": 1.0},
+    }  # fmt: skip
 
 
 def test_entries_without_an_installed_task_are_left_out():

@@ -53,7 +53,7 @@ def parse_series(raw: Mapping[Any, Any]) -> dict[str, list[tuple[tuple[str, ...]
     out: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     for field, value in raw.items():
         name, labels = json.loads(field)
-        if name in SPECS and len(labels) == len(SPECS[name].labels):
+        if name in SPECS and len(labels) == SPECS[name].stored_labels:
             out.setdefault(name, []).append((tuple(labels), float(value)))
     return out
 

@@ -28,9 +28,17 @@ Series = tuple[str, tuple[str, ...]]
 class MetricSpec:
     """One metric family: its type, help text and label names."""
 
-    kind: str  # "counter" | "gauge"
+    kind: str  # "counter" | "gauge" | "histogram"
     help: str
     labels: tuple[str, ...]
+    #: a histogram's bucket bounds (its series carry one more label: ``le:<bound>``, ``sum``,
+    #: ``count``)
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def stored_labels(self) -> int:
+        """How many label values a stored series of this family has."""
+        return len(self.labels) + (1 if self.kind == "histogram" else 0)
 
 
 ENGINE = ("engine",)
@@ -46,6 +54,14 @@ def gauge(help: str, labels: tuple[str, ...] = ENGINE) -> MetricSpec:
     """A gauge family (labelled by engine unless told)."""
     return MetricSpec("gauge", help, labels)
 
+
+def histogram(help: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> MetricSpec:
+    """A histogram family with ``buckets`` (seconds)."""
+    return MetricSpec("histogram", help, labels, buckets)
+
+
+#: time to ready of a gated replica: from milliseconds (a small hot set) to its deadline
+GATE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 SPECS: dict[str, MetricSpec] = {
     "prewarm_plans_total": counter("Warm-up plans submitted", ER),
@@ -134,6 +150,28 @@ SPECS: dict[str, MetricSpec] = {
     "prewarm_plan_items_unverified": gauge(
         "Items of the engine's last plan not verified (failed to warm, or not held where its "
         "users land)"
+    ),
+    "prewarm_gate_replica": gauge(
+        "A gated replica's state (1 for the state it is in, 0 for the others)",
+        ("fleet", "engine", "state"),
+    ),
+    "prewarm_gate_waiting": gauge(
+        "Gated replicas of the fleet waiting now (out of the router's list, not Ready)",
+        ("fleet",),
+    ),
+    "prewarm_gate_admitted_cold_total": counter(
+        "Gated replicas admitted cold: their deadline (gate_deadline_s) passed before their "
+        "hot set was verified",
+        ("fleet",),
+    ),
+    "prewarm_gate_time_to_ready_seconds": histogram(
+        "Seconds from a gated replica's detection to its admission", ("fleet",), GATE_BUCKETS
+    ),
+    "prewarm_gate_prewarm_seconds": histogram(
+        "prewarm's own part of a gated replica's time to ready (detection, planning, dispatch, "
+        "verification)",
+        ("fleet",),
+        GATE_BUCKETS,
     ),
     "prewarm_fleet_road_retries_total": counter(
         "Replicas warmed again through the router once it answered, after a warm-up through it "

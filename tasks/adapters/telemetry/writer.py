@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from pipeline.gate import GateState
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.triggers import EngineSample, bucket_delta, histogram_quantile, interval_hit_rate
 from pipeline.window_outcome import WindowOutcome, window_outcome
@@ -21,6 +22,7 @@ from tasks.adapters.telemetry.specs import (
     HISTORY_S,
     MAX_ITEMS,
     SERIES,
+    SPECS,
     Series,
     engine_key,
     history_key,
@@ -309,3 +311,41 @@ def record_road_retries(store: redis.Redis, fleet: str, count: int) -> None:
         with store.pipeline(transaction=False) as pipe:
             _SeriesWriter(pipe).add("prewarm_fleet_road_retries_total", (fleet,), count)
             pipe.execute()
+
+
+def observe_histogram(
+    series: _SeriesWriter, name: str, labels: Sequence[str], value: float
+) -> None:
+    """One observation of histogram ``name`` (its bucket counts, sum and count)."""
+    spec = SPECS[name]
+    for bound in spec.buckets:
+        if value <= bound:
+            series.add(name, (*labels, f"le:{bound:g}"), 1)
+    series.add(name, (*labels, "sum"), value)
+    series.add(name, (*labels, "count"), 1)
+
+
+def record_gate(
+    store: redis.Redis,
+    fleet: str,
+    states: Mapping[str, str],
+    admitted: Sequence[tuple[float, float, bool]] = (),
+) -> None:
+    """One look of the gate at ``fleet``: each replica's state (engine -> state), and the
+    replicas it admitted: (time to ready, prewarm's part, cold)."""
+    gauges: dict[Series, float | None] = {
+        ("prewarm_gate_replica", (fleet, engine, s.value)): float(s.value == state)
+        for engine, state in states.items()
+        for s in GateState
+    }
+    waiting = sum(state == GateState.WAITING for state in states.values())
+    gauges[("prewarm_gate_waiting", (fleet,))] = float(waiting)
+    with store.pipeline(transaction=False) as pipe:
+        series = _SeriesWriter(pipe)
+        series.set(gauges)
+        for ready_s, prewarm_s, cold in admitted:
+            observe_histogram(series, "prewarm_gate_time_to_ready_seconds", (fleet,), ready_s)
+            observe_histogram(series, "prewarm_gate_prewarm_seconds", (fleet,), prewarm_s)
+            if cold:
+                series.add("prewarm_gate_admitted_cold_total", (fleet,), 1)
+        pipe.execute()

@@ -192,7 +192,7 @@ def test_promtool_accepts_the_alert_rules_and_their_unit_tests():
         text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout
+    assert "SUCCESS: 9 rules found" in checked.stdout
     tested = subprocess.run(
         [tool("promtool", "prometheus"), "test", "rules", "alerts_test.yml"],
         capture_output=True, text=True, cwd=CONFIG / "prometheus",

@@ -1,0 +1,109 @@
+"""The gate in its Kubernetes form: a new engine pod's ``prewarm gate`` sidecar (the command, in
+its own process) answers ``/ready`` 503 until the fleet's hot set is verified on the engine,
+then 200. The test plays the kubelet (a probe every second, as a ``readinessProbe`` would) and
+the endpoints controller (the replica joins the real ``vllm-router`` only once Ready) while
+paced users send every template without pause: no request reaches the new replica cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jobs.api import build_api
+from jobs.embedded import free_port, serve_app
+from tasks.adapters import gate_state
+from tests.integration.gate_rig import GatedRig, Users, balancing_on_load, landed_on
+
+pytestmark = pytest.mark.integration
+
+TEMPLATES = 8
+
+
+def _toml_value(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def write_config(rig: GatedRig, path: Path, urls: list[str]) -> Path:
+    """The fleet's settings as a TOML file (what the sidecar's pod mounts)."""
+    fleet = rig.fleet_settings()
+    keys = ("name", "router_url", "router", "policy", "model", "replica_kind", "log",
+            "cache_tokens", "cache_block_tokens", "gate", "gate_by", "gate_deadline_s")  # fmt: skip
+    lines = [f"redis_url = {_toml_value(rig.settings.redis_url)}",
+             f"store_url = {_toml_value(rig.settings.store_url)}",
+             f"data_dir = {_toml_value(str(rig.settings.data_dir))}", "", "[[fleets]]"]  # fmt: skip
+    lines += [f"{k} = {_toml_value(getattr(fleet, k))}" for k in keys]
+    for url in urls:
+        lines += ["", "[[fleets.replicas]]", f"url = {_toml_value(url)}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _prewarm() -> str:
+    return shutil.which("prewarm") or str(Path(sys.executable).with_name("prewarm"))
+
+
+def _probe(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=1).status_code
+    except httpx.TransportError:
+        return 0  # (not listening yet: a failed probe)
+
+
+def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, store_url, tmp_path):
+    rig = balancing_on_load(
+        GatedRig(tmp_path, "power_of_two", 2, store, store_url, gate_by="readiness")
+    )
+    assert isinstance(rig, GatedRig)
+    sidecar: subprocess.Popen[bytes] | None = None
+    try:
+        rig.start()
+        rig.traffic(TEMPLATES, 2)
+        rig.observe()
+        pod = rig._replica()  # the new pod's engine: up, not in the router's list
+        rig.replicas.append(pod)
+        config = write_config(rig, tmp_path / "prewarm.toml", [r.url for r in rig.replicas])
+        port = free_port()
+        env = {**os.environ, "PREWARM_CONFIG": str(config)}
+        users = Users(rig, TEMPLATES).start()
+        with (tmp_path / "sidecar.log").open("wb") as log:
+            sidecar = subprocess.Popen(
+                [_prewarm(), "gate", "--replica", pod.url, "--port", str(port)],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        answers, joined = [], None
+        until = time.monotonic() + 60
+        while time.monotonic() < until and joined is None:  # the kubelet, every second
+            time.sleep(1.0)
+            answers.append(_probe(f"http://127.0.0.1:{port}/ready"))
+            if answers[-1] == 200:  # Ready: the endpoints controller adds it
+                httpx.post(f"{rig.router.url}/add_worker", params={"url": pod.url}, timeout=30)
+                joined = time.time()
+        time.sleep(6.0)
+        users.stop()
+        with serve_app(build_api(rig.settings)) as api:
+            from_api = httpx.get(f"{api}/ready/{pod.url}", timeout=10)
+        (record,) = [r for r in gate_state.fleet_records(store, rig.name) if r.url == pod.url]
+    finally:
+        if sidecar is not None:
+            sidecar.terminate()
+            sidecar.wait(timeout=10)
+        rig.stop()
+    log_text = (tmp_path / "sidecar.log").read_text()
+    assert joined is not None, (answers, log_text)
+    assert 503 in answers and answers[-1] == 200, answers
+    assert from_api.status_code == 200, from_api.text
+    reached = landed_on(pod, [r for r in users.requests if r.sent >= joined - 1])
+    print(f"\nreadiness: probes {answers}; {len(reached)} requests reached the new pod, "
+          f"{sum(not r.from_cache for r in reached)} not from cache; time to ready "
+          f"{record.time_to_ready:.3f}s, stages {record.stages}")  # fmt: skip
+    assert reached and all(r.from_cache for r in reached), [(r.n, r.cached, r.prompt)
+                                                            for r in reached]  # fmt: skip
