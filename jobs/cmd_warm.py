@@ -48,6 +48,7 @@ def build_plan_from(
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints); the
     requests its gateways' clients repeat are candidates too."""
+    from tasks.adapters.model_shelf import checked_out
     from tasks.adapters.store import store_client
     from tasks.services.fleets import fleet_settings
     from tasks.services.planning import gateway_candidates, plan_for, plan_request, read_records
@@ -59,10 +60,11 @@ def build_plan_from(
         max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
     )  # fmt: skip
     engine_settings = settings.engine(request.engine)
-    return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
-                    engine=engine_settings, models_root=settings.data_dir / "models",
-                    min_windows=settings.loop.min_windows_for_model,
-                    extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
+    with checked_out(settings.data_dir, None, settings.host_dir) as root:
+        return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
+                        engine=engine_settings, models_root=root,
+                        min_windows=settings.loop.min_windows_for_model,
+                        extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:
