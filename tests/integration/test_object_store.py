@@ -12,9 +12,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from benchmarks.stack import in_process_submitter as in_process
@@ -33,6 +37,8 @@ from tasks.settings import (
     Settings,
     SourceSettings,
 )
+from tests.conftest import REPO_ROOT
+from tests.integration.processes import prewarm_script
 from tests.integration.s3_server import BUCKET, s3_endpoint
 from tests.integration.test_loop import send
 
@@ -182,3 +188,54 @@ def test_an_unreachable_store_mid_window_loses_nothing_and_status_shows_it(
         assert records is not None and len(records) == 3 + failures * len(HEADS)
         status = loop_status(settings, store)
         assert status["healthy"], status["problems"]
+
+
+def _prewarm(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+    return subprocess.run([prewarm_script(), *args], env={**base, **env}, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_commands_take_urls_and_store_copy_moves_an_installation_and_back(
+    tmp_path, store_url, monkeypatch
+):
+    folder = tmp_path / "var-lib-prewarm"
+    observations = Observations(folder, "sim")
+    records = pd.DataFrame({"ts": [1.7e9, 1.7e9 + 1], "prompt": ["a", "b"]})
+    observations.append(records, None, 100, 8)
+    (folder / "models" / "sim" / "hotness" / "v0001").mkdir(parents=True)
+    (folder / "models" / "sim" / "hotness" / "v0001" / "metadata.json").write_text("{}")
+    (folder / "models" / "sim" / "hotness" / "current").write_text("v0001")
+    (folder / "repos" / "templates.git").mkdir(parents=True)  # a host's clone: not copied
+    (folder / "repos" / "templates.git" / "HEAD").write_text("ref: refs/heads/main\n")
+    with s3_endpoint(monkeypatch) as endpoint:
+        bucket = data_dir_of(tmp_path)
+        copied = _prewarm("store", "copy", str(folder), bucket, env=endpoint.env())
+        assert copied.returncode == 0, copied.stderr
+        report = json.loads(copied.stdout.strip().splitlines()[-1])
+        assert report["objects"] == report["checked"] == 4 and not report["mismatched"]
+        assert Observations(bucket, "sim").version().records == 2  # readable where it landed
+        back = tmp_path / "restored"
+        again = _prewarm("store", "copy", bucket, str(back), env=endpoint.env())
+        assert again.returncode == 0, again.stderr
+        assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == [
+            "models/sim/hotness/current", "models/sim/hotness/v0001/metadata.json",
+            "observations/sim/manifest.json", "observations/sim/records.parquet",
+        ]  # fmt: skip
+
+        # ingest a log in the bucket into the bucket, then plan from it into the bucket
+        log = REPO_ROOT / "tests" / "data" / "ingest" / "vllm-v0.6.txt"
+        shared_store(bucket).write_bytes("logs/vllm.log", log.read_bytes())
+        ingested = _prewarm("ingest", f"{bucket}/logs/vllm.log", "--out", f"{bucket}/ingested",
+                            "--year", "2024", "--json", env=endpoint.env())  # fmt: skip
+        assert ingested.returncode == 0, ingested.stderr
+        assert "ingested/records.parquet" in shared_store(bucket).walk("ingested")
+        config = tmp_path / "prewarm.toml"
+        config.write_text(f'data_dir = "{tmp_path / "plan-data"}"\n[[engines]]\nname = "a"\n'
+                          'url = "http://127.0.0.1:1"\nmodel = "m"\n')  # fmt: skip
+        planned = _prewarm("-c", str(config), "plan", "--from", f"{bucket}/ingested", "--out",
+                           f"{bucket}/plans/plan.json", env={**endpoint.env(),
+                           "PREWARM_STORE_URL": store_url})  # fmt: skip
+        assert planned.returncode == 0, planned.stderr
+        plan = json.loads(shared_store(bucket).read_bytes("plans/plan.json") or b"{}")
+        assert plan["engine"] == "a" and plan["items"], plan
