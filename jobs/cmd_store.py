@@ -26,6 +26,22 @@ def copy(
     typer.echo(json.dumps(report.to_dict()))
 
 
+@store_app.command("check")
+def check(
+    url: Annotated[
+        str | None, typer.Argument(help="A folder or URL (default: the configured data_dir).")
+    ] = None,
+    create: Annotated[
+        bool, typer.Option("--create", help="Make the bucket (or folder) first if missing.")
+    ] = False,
+) -> None:
+    """Write, read back and remove a probe object: the store answers (exit 1 when not)."""
+    from tasks.adapters.shared_store import shared_store
+    from tasks.settings import current_settings
+
+    typer.echo(json.dumps(shared_store(url or current_settings().data_dir).check(create)))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``prewarm store``."""
     app.add_typer(store_app, name="store")

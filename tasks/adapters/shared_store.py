@@ -231,6 +231,20 @@ class SharedStore:
             self._call("delete", key, lambda: self.fs.rm_file(self.path(key)))
         self.counts.add("delete")
 
+    def check(self, create: bool = False) -> dict[str, Any]:
+        """Write, read back and remove a probe object (``create``: make the bucket or folder
+        first); what it took. Raises :class:`SharedStoreUnavailable` when the store does not
+        answer, :class:`BadInputError` when it answers wrongly."""
+        if create:
+            root = self.root.split("/", 1)[0] if not self.local else self.root
+            self._call("mkdir", "", lambda: self.fs.makedirs(root, exist_ok=True))
+        probe = f".prewarm-check-{os.getpid()}"
+        self.write_bytes(probe, b"ok")
+        if self.read_bytes(probe) != b"ok":
+            raise BadInputError("a probe object did not read back", where=self.where(probe))
+        self.delete(probe)
+        return {"url": self.url, "ok": True, **self.counts.snapshot()}
+
     # --- errors -------------------------------------------------------------------------------
 
     def _call(self, op: str, key: str, call: Any) -> Any:
