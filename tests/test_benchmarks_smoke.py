@@ -146,3 +146,15 @@ def test_build_model_and_the_cache_model_on_its_tokenizer(tmp_path):
     result = json.loads(smoke("engines/cache_model.py", "--json", env=env))
     (seed,) = result["per_seed"]
     assert seed["first_uses"] > 0 and seed["oracle"] >= seed["prewarm"], seed
+
+
+def test_store_requests_compares_a_folder_and_s3_per_tick_and_engine(private_redis):
+    pytest.importorskip("moto.server")
+    report = last_json(smoke("store_requests.py", "--redis", private_redis))
+    rows = {(r["backend"], r["engines"]): r for r in report["results"]}
+    assert set(rows) == {(b, n) for b in ("local", "s3") for n in (1, 2)}
+    for (backend, _), row in rows.items():
+        assert row["requests"] > 0 and row["bytes_read"] > 0 and row["bytes_written"] > 0, row
+        assert (row["http_requests"] is None) == (backend == "local"), row
+    # flat per engine as engines are added
+    assert rows[("s3", 2)]["requests"] == rows[("s3", 1)]["requests"]
