@@ -80,6 +80,15 @@ class RequestCounts:
             self.bytes_read = self.bytes_written = 0
 
 
+def counts_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What was counted between two snapshots of one store's counts (a tick's requests by
+    kind, and its bytes)."""
+    kinds = {k: n - before["requests"].get(k, 0) for k, n in after["requests"].items()}
+    return {"requests": {k: n for k, n in kinds.items() if n}, "total": after["total"] -
+            before["total"], "bytes_read": after["bytes_read"] - before["bytes_read"],
+            "bytes_written": after["bytes_written"] - before["bytes_written"]}  # fmt: skip
+
+
 def storage_options(protocol: str) -> dict[str, Any]:
     """Options for the filesystem of ``protocol``: short timeouts and few retries for S3."""
     if protocol not in ("s3", "s3a"):

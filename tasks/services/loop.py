@@ -48,7 +48,7 @@ from tasks.adapters.kv_state import counts_after, load_holdings
 from tasks.adapters.loop_state import LoopState
 from tasks.adapters.model_shelf import checked_out
 from tasks.adapters.observations import Observations, ObservationsSnapshot, merge_counts
-from tasks.adapters.shared_store import SharedStoreUnavailable
+from tasks.adapters.shared_store import SharedStoreUnavailable, counts_since, shared_store
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
@@ -84,6 +84,8 @@ class Outcome:
     error: str | None = None
     #: cold-cache triggers this warm-up saw fire (a window tick: key drift of the last window)
     triggers: list[dict[str, Any]] = field(default_factory=list)
+    #: what this warm-up cost the shared store: requests by kind, bytes read and written
+    store_requests: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -311,6 +313,8 @@ class WarmLoop:
     ) -> tuple[dict[str, Any], ObservationsSnapshot | None]:
         outcome = Outcome(engine.name, reason, self.clock(), window=window)
         snapshot = None
+        counts = shared_store(self.settings.data_dir).counts
+        before = counts.snapshot()
         try:
             snapshot = self._warm(engine, outcome)
         except PrewarmError as exc:
@@ -318,6 +322,7 @@ class WarmLoop:
             raise
         finally:
             outcome.seconds = round(self.clock() - outcome.started, 3)
+            outcome.store_requests = counts_since(before, counts.snapshot())
             self.record(outcome)
         return outcome.to_dict(), snapshot
 

@@ -123,6 +123,7 @@ def test_the_loop_on_s3_with_workers_that_share_no_folder(tmp_path, store_url, s
             outcome = warm_loop.tick("sim")  # the warm worker, on beat's window tick
             ticked = store_requests.snapshot()
             assert outcome is not None and outcome["status"] == "submitted", outcome
+            assert outcome["store_requests"]["total"] == ticked["total"] > 0  # in its outcome
         assert outcome["observations"]["windows"] == 3 and outcome["observations"]["records"] == 72
         assert current_pointer(data_dir, "sim", SAVED_NAME) is not None  # published by the model
         assert outcome["forecast"].startswith("forecast: model"), outcome["forecast"]
