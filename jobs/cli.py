@@ -62,6 +62,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "jobs.cmd_kv_events": ("kv-events",),
     "jobs.report": ("report",),
     "jobs.cmd_status": ("status",),
+    "jobs.cmd_store": ("store",),
 }
 #: settings a command's process wants of the libraries its module loads: read once, when a
 #: library loads, so set before the module is imported (a value the caller set is kept).

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs import option_checks
+from jobs.locations import check_inputs, local_inputs
 from models.baselines import HotnessModel, baselines
 from models.selection import SelectedForecaster
 from pipeline.errors import BadInputError
@@ -249,8 +250,12 @@ def plot_steps(evaluation: Evaluation, path: Path) -> None:
 
 
 def evaluate(
-    path: Annotated[
-        Path, typer.Argument(help="Trace, log, ServeGen folder or counts table.", exists=True)
+    location: Annotated[
+        str,
+        typer.Argument(
+            help="Trace, log, ServeGen folder or counts table (a path or an s3:// URL).",
+            metavar="PATH",
+        ),
     ],
     window: Annotated[
         str, typer.Option(help="Window length (pandas offset).", callback=option_checks.window)
@@ -271,23 +276,24 @@ def evaluate(
     plot: Annotated[Path | None, typer.Option(help="Write a plot of every step here.")] = None,
 ) -> None:
     """Walk-forward: what each model's warmed set would have captured, next to the oracles."""
-    if not path.exists():
-        raise BadInputError("no such file or folder", where=str(path))
-    counts = load_counts(path, window)
+    check_inputs([location], "'PATH'")
+    with local_inputs([location]) as (path,):
+        counts = load_counts(path, window)
     matrix, evaluation = evaluate_counts(
         counts, tuple(budget), tuple(budget_tokens), kind, refit_every
     )
     if plot is not None:
         plot_steps(evaluation, plot)
     if as_json:
-        payload = {"path": str(path), "window": window, "items": matrix.n_items,
+        payload = {"path": location, "window": window, "items": matrix.n_items,
                    "windows": matrix.n_windows, "notes": list(evaluation.notes),
                    "selection": evaluation.selection,
                    "held_out": selected_margins(evaluation).to_dict(orient="records"),
                    "table": evaluation.table.to_dict(orient="records")}  # fmt: skip
         typer.echo(json.dumps(payload, default=str))
         return
-    title = f"{path.name}: {matrix.n_items} items x {matrix.n_windows} windows of {window}"
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    title = f"{name}: {matrix.n_items} items x {matrix.n_windows} windows of {window}"
     console = Console()
     print_table(console, title, evaluation.table)
     print_margins(console, selected_margins(evaluation))

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from rich.table import Table
 
 from jobs import option_checks
+from jobs.locations import check_inputs, check_output, local_inputs, local_output
 from pipeline.errors import BadInputError
 from pipeline.ingest import IngestOptions, IngestState, ingest_to_dir
 from pipeline.ingest.detect import FORMATS
@@ -103,9 +104,9 @@ def _print_table(console: Console, summary: dict[str, Any]) -> None:
 
 def ingest(
     paths: Annotated[
-        list[Path], typer.Argument(help="Log or trace files and folders.", exists=True)
+        list[str], typer.Argument(help="Log or trace files and folders (paths or s3:// URLs).")
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder.", file_okay=False)],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder (a path or a URL).")],
     fmt: Annotated[
         str | None,
         typer.Option(
@@ -151,6 +152,15 @@ def ingest(
         max_log_len=max_log_len, model=model, workers=workers or _default_workers(),
         min_item_requests=min_item_requests,
     )  # fmt: skip
+    check_inputs(paths)
+    check_output(out, folder=True)
+    with local_inputs(paths) as local_paths, local_output(out) as out_dir:
+        _ingest(local_paths, out_dir, options, state, as_json)
+
+
+def _ingest(
+    paths: list[Path], out: Path, options: IngestOptions, state: Path | None, as_json: bool
+) -> None:
     run_state = IngestState.load(state) if state is not None else None
     _folder(out, f"--out {out}")
     if state is not None:

@@ -7,7 +7,6 @@ way everywhere (``PREWARM_*`` and the TOML file) and an unreachable Redis is one
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -89,7 +88,7 @@ def beat() -> None:
     settings = current_settings()
     check_settings_redis(settings)
     check_router_apis(settings.fleets)
-    state_dir = Path(settings.data_dir)
+    state_dir = settings.host_dir  # the beat's own schedule file: host-local
     state_dir.mkdir(parents=True, exist_ok=True)
     celery_app.conf.beat_schedule = beat_schedule(settings)
     celery_app.start(

@@ -28,7 +28,7 @@ def _mirror(repo: str, work_dir: Path) -> TemplateRepo:
     settings = current_settings()
     for config in settings.template_repos:
         if config.name == repo:
-            return TemplateRepo(config, settings.data_dir)
+            return TemplateRepo(config, settings.host_dir)
     path = Path(repo)
     if not (path / ".git").exists() and not (path / "HEAD").exists():
         raise BadInputError(

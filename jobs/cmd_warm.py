@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from jobs.locations import check_output, local_inputs, local_output
 from jobs.option_checks import FORECASTS, one_of
 from pipeline.errors import BadInputError
 from pipeline.planner.plan import WarmPlan, new_plan_id
@@ -28,7 +29,8 @@ from tasks.settings import Settings, current_settings
 console = Console()
 Opt = typer.Option
 FromOpt = Annotated[
-    Path | None, Opt("--from", help="Ingest output DIR (records.parquet) or a records.parquet.")
+    str | None,
+    Opt("--from", help="Ingest output DIR (records.parquet) or a records.parquet (or a URL)."),
 ]
 EngineOpt = Annotated[str | None, Opt("--engine", help="Configured engine name.")]
 
@@ -42,27 +44,32 @@ def _engine_name(settings: Settings, name: str | None) -> str:
 
 
 def build_plan_from(
-    source: Path, engine: str | None, *, budget_items: int | None = None,
+    source: str | Path, engine: str | None, *, budget_items: int | None = None,
     budget_tokens: int | None = None, batch_size: int | None = None, shapes: bool = False,
     forecast: str = "auto",
 ) -> WarmPlan:  # fmt: skip
     """A plan for a configured engine from ingested records (what ``prewarm plan`` prints); the
     requests its gateways' clients repeat are candidates too."""
+    from tasks.adapters.model_shelf import checked_out
     from tasks.adapters.store import store_client
     from tasks.services.fleets import fleet_settings
     from tasks.services.planning import gateway_candidates, plan_for, plan_request, read_records
 
     settings = fleet_settings(current_settings(), store_client(current_settings()))
-    records, windows = read_records(source)
-    request = plan_request(
-        settings, _engine_name(settings, engine), max_items=budget_items,
-        max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
-    )  # fmt: skip
-    engine_settings = settings.engine(request.engine)
-    return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
-                    engine=engine_settings, models_root=settings.data_dir / "models",
-                    min_windows=settings.loop.min_windows_for_model,
-                    extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
+    with (
+        local_inputs([str(source)], settings.host_dir) as (local,),
+        checked_out(settings.data_dir, None, settings.host_dir) as root,
+    ):
+        records, windows = read_records(local)
+        request = plan_request(
+            settings, _engine_name(settings, engine), max_items=budget_items,
+            max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
+        )  # fmt: skip
+        engine_settings = settings.engine(request.engine)
+        return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
+                        engine=engine_settings, models_root=root,
+                        min_windows=settings.loop.min_windows_for_model,
+                        extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:
@@ -87,19 +94,21 @@ def plan(
         str, Opt(help="auto | model | frequency", callback=one_of(FORECASTS))
     ] = "auto",
     out: Annotated[
-        Path | None, Opt("--out", help="Write the plan JSON here.", dir_okay=False)
+        str | None, Opt("--out", help="Write the plan JSON here (a path or a URL).")
     ] = None,
 ) -> None:
     """Build a warm-up plan from ingested request records."""
     if source is None:
         raise BadInputError("--from DIR or records.parquet is required", where="--from")
+    check_output(out, folder=False)
     built = build_plan_from(source, engine, budget_items=budget_items, budget_tokens=budget_tokens,
                             batch_size=batch_size, shapes=shapes, forecast=forecast)  # fmt: skip
     console.print(_plan_table(built))
     console.print(f"{len(built.items)} items, {built.tokens} tokens, {built.dropped} dropped; "
                   + "; ".join(built.notes), highlight=False)  # fmt: skip
     if out is not None:
-        out.write_text(built.to_json())
+        with local_output(out, folder=False) as path:
+            path.write_text(built.to_json())
         console.print(f"plan written to {out}", highlight=False)
 
 

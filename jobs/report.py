@@ -430,13 +430,16 @@ def report(
         str | None, typer.Option(help="End (default: now).", callback=_checked)
     ] = None,
     out: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--out", "-o", help="HTML file (default: prewarm-report-ENGINE.html).", dir_okay=False
+            "--out", "-o", help="HTML file (default: prewarm-report-ENGINE.html; or a URL)."
         ),
     ] = None,
 ) -> None:
     """Write one self-contained HTML page: does warm-up pay on this engine?"""
+    from jobs.locations import check_output, local_output
+
+    check_output(out, folder=False)
     from tasks.adapters.store import store_client
 
     now = time.time()
@@ -445,8 +448,10 @@ def report(
         raise BadInputError("the period is empty (--since is not before --until)", where="--since")
     store = store_client()
     name = _engine(store, engine)
-    path = write_report(store, name, start, end, out or Path(f"prewarm-report-{name}.html"))
-    typer.echo(str(path))
+    target = out or f"prewarm-report-{name}.html"
+    with local_output(target, folder=False) as path:
+        write_report(store, name, start, end, path)
+    typer.echo(target)
 
 
 def register(app: typer.Typer) -> None:

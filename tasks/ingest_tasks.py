@@ -29,7 +29,9 @@ def _options(options: dict[str, Any] | None) -> IngestOptions:
 
 
 def _data_dir(data_dir: str | None) -> Path:
-    return Path(data_dir) if data_dir else current_settings().data_dir
+    # a chunked ingest's parts are a host's own work files: a folder given, else the host's
+    # folder (a bucket ``data_dir`` holds no parts; see docs/pages/object-storage.md)
+    return Path(data_dir) if data_dir else current_settings().host_dir
 
 
 #: An ingest runs as long as its input takes (a large log is minutes per chunk): no time limit.

@@ -29,15 +29,20 @@ from celery import shared_task
 
 from models.forecaster import SAVED_NAME
 from models.persistence import load_model
-from pipeline.tables import read_parquet_file
-from tasks.adapters.observations import Observations, models_root
+from tasks.adapters.model_shelf import checked_out
+from tasks.adapters.observations import Observations
+from tasks.adapters.shared_store import shared_store
 from tasks.base import PrewarmTask
-from tasks.services.training import input_counts, train_and_save
+from tasks.services.training import counts_frame, input_counts, train_and_save
 from tasks.settings import current_settings
 
 
-def _data_dir(data_dir: str | None) -> Path:
-    return Path(data_dir) if data_dir else current_settings().data_dir
+def _data_dir(data_dir: str | None) -> str:
+    return data_dir or current_settings().data_dir
+
+
+def _host_dir() -> Path:
+    return current_settings().host_dir
 
 
 @shared_task(name="prewarm.model.retrain", base=PrewarmTask)
@@ -51,8 +56,9 @@ def retrain(
 ) -> dict[str, Any]:
     """Select the hotness model on a counts table by backtest; save the winner as current."""
     base = _data_dir(data_dir)
-    return train_and_save(input_counts(base, counts_path, engine), models_root(base, engine),
-                          name, kind, budget)  # fmt: skip
+    counts = input_counts(base, counts_path, engine)
+    with checked_out(base, engine, _host_dir()) as root:
+        return train_and_save(counts, root, name, kind, budget)
 
 
 @shared_task(name="prewarm.model.retrain_engines", base=PrewarmTask, periodic=True)
@@ -63,8 +69,9 @@ def retrain_engines() -> dict[str, Any]:
     for engine in settings.engines:
         observations = Observations(settings.data_dir, engine.name)
         if observations.version().windows >= settings.loop.min_windows_for_model:
-            root = models_root(settings.data_dir, engine.name)
-            done[engine.name] = train_and_save(observations.counts_path, root)
+            counts = input_counts(settings.data_dir, None, engine.name)
+            with checked_out(settings.data_dir, engine.name, settings.host_dir) as root:
+                done[engine.name] = train_and_save(counts, root)
     return {"engines": done}
 
 
@@ -79,16 +86,16 @@ def predict(
 ) -> dict[str, Any]:
     """Rank every item for the next window with the current model; write and summarise it."""
     base = _data_dir(data_dir)
-    path = input_counts(base, counts_path, engine)
-    model = load_model(models_root(base, engine), name)
-    ranking = model.predict_next(read_parquet_file(path, "counts"), kind=kind)
+    counts = counts_frame(input_counts(base, counts_path, engine))
+    with checked_out(base, engine, _host_dir()) as root:
+        model = load_model(root, name)
+    ranking = model.predict_next(counts, kind=kind)
     window = ranking["window_start"].iloc[0] if len(ranking) else None
     stamp = window.strftime("%Y%m%dT%H%M%SZ") if window is not None else "empty"
-    out = base / "predictions" / name / f"{stamp}.parquet"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temp = out.with_suffix(".tmp")
-    ranking.to_parquet(temp, index=False)
-    temp.replace(out)  # atomic: a reader never sees half a file
+    store = shared_store(base)
+    key = f"predictions/{name}/{stamp}.parquet"
+    store.write_parquet(key, ranking)  # whole or absent: a reader never sees half of it
+    out = store.path(key) if store.local else store.where(key)
     head = ranking.head(top)
     return {"window_start": window.isoformat() if window is not None else None,
             "items": len(ranking), "out": str(out),

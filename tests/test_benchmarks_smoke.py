@@ -155,3 +155,15 @@ def test_gate_times_replicas_joining_a_gated_fleet(private_redis):
         assert 0 < row["prewarm_p50_s"] <= row["time_to_ready_p50_s"] <= row["time_to_ready_p99_s"]
         assert set(row["stages_p50_s"]) == {"detection", "planning", "dispatch", "warm",
                                             "verification"}  # fmt: skip
+
+
+def test_store_requests_compares_a_folder_and_s3_per_tick_and_engine(private_redis):
+    pytest.importorskip("moto.server")
+    report = last_json(smoke("store_requests.py", "--redis", private_redis))
+    rows = {(r["backend"], r["engines"]): r for r in report["results"]}
+    assert set(rows) == {(b, n) for b in ("local", "s3") for n in (1, 2)}
+    for (backend, _), row in rows.items():
+        assert row["requests"] > 0 and row["bytes_read"] > 0 and row["bytes_written"] > 0, row
+        assert (row["http_requests"] is None) == (backend == "local"), row
+    # flat per engine as engines are added
+    assert rows[("s3", 2)]["requests"] == rows[("s3", 1)]["requests"]

@@ -1,5 +1,5 @@
-"""Where the KV-event source keeps its state: Redis for what other processes ask, data_dir for
-the rest.
+"""Where the KV-event source keeps its state: Redis for what other processes ask, the shared
+store (``data_dir``, :mod:`tasks.adapters.shared_store`) for the rest.
 
 Redis (prewarm's store), per engine::
 
@@ -11,13 +11,12 @@ Redis (prewarm's store), per engine::
 ``data_dir``, per engine::
 
     kv/<engine>/holdings.msgpack   what the replica holds and knew, with the stream cursor
-                                   (replaced atomically; a restarted subscriber resumes from it)
+                                   (replaced whole; a restarted subscriber resumes from it)
     kv/<engine>/counts.parquet     item × window counts of closed windows (``KV_COUNT_DTYPES``)
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from pipeline.kv_snapshot import holdings_from_bytes, holdings_to_bytes
 from pipeline.windows import COUNT_DTYPES
 from tasks.adapters import redis_keys
 from tasks.adapters.kv_subscriber import Cursor
+from tasks.adapters.shared_store import shared_store
 
 PREFIX = redis_keys.KV
 
@@ -102,49 +102,49 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def engine_dir(data_dir: Path, engine: str) -> Path:
-    """``<data_dir>/kv/<engine>``."""
-    return data_dir / "kv" / engine
+def engine_key(engine: str) -> str:
+    """``kv/<engine>`` in the shared store."""
+    return f"kv/{engine}"
 
 
-def save_holdings(data_dir: Path, holdings: ReplicaHoldings, cursor: Cursor | None) -> Path:
-    """Write the snapshot atomically (a reader never sees half of one)."""
-    path = engine_dir(data_dir, holdings.replica) / "holdings.msgpack"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(holdings_to_bytes(holdings, (cursor.seq, cursor.digest) if cursor else None))
-    os.replace(tmp, path)
-    return path
+def save_holdings(data_dir: str | Path, holdings: ReplicaHoldings, cursor: Cursor | None) -> str:
+    """Write the snapshot whole (a reader never sees half of one); its key."""
+    key = f"{engine_key(holdings.replica)}/holdings.msgpack"
+    data = holdings_to_bytes(holdings, (cursor.seq, cursor.digest) if cursor else None)
+    shared_store(data_dir).write_bytes(key, data)
+    return key
 
 
-def load_holdings(data_dir: Path, engine: str) -> tuple[ReplicaHoldings, Cursor | None] | None:
+def load_holdings(
+    data_dir: str | Path, engine: str
+) -> tuple[ReplicaHoldings, Cursor | None] | None:
     """The last snapshot of ``engine`` and its cursor, or None when there is none."""
-    path = engine_dir(data_dir, engine) / "holdings.msgpack"
-    if not path.exists():
+    store = shared_store(data_dir)
+    key = f"{engine_key(engine)}/holdings.msgpack"
+    data = store.read_bytes(key)
+    if data is None:
         return None
-    holdings, cursor = holdings_from_bytes(path.read_bytes(), where=str(path))
+    holdings, cursor = holdings_from_bytes(data, where=store.where(key))
     return holdings, Cursor(*cursor) if cursor else None
 
 
-def append_counts(data_dir: Path, engine: str, counts: pd.DataFrame) -> Path | None:
+def append_counts(data_dir: str | Path, engine: str, counts: pd.DataFrame) -> str | None:
     """Add closed windows' counts to ``counts.parquet`` (rows of a window already there are
-    summed, so a window written in two parts counts once)."""
+    summed, so a window written in two parts counts once); its key."""
     if counts.empty:
         return None
-    path = engine_dir(data_dir, engine) / "counts.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        counts = pd.concat([pd.read_parquet(path), counts], ignore_index=True)
+    old = read_counts(data_dir, engine)
+    if old is not None:
+        counts = pd.concat([old, counts], ignore_index=True)
     keys = ["item_kind", "item_key", "window_start"]
     merged = counts.groupby(keys, as_index=False, observed=True).sum(numeric_only=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    merged.astype(counts.dtypes.to_dict()).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    key = f"{engine_key(engine)}/counts.parquet"
+    shared_store(data_dir).write_parquet(key, merged.astype(counts.dtypes.to_dict()))
+    return key
 
 
 def counts_after(
-    data_dir: Path, engine: str, after: float | None
+    data_dir: str | Path, engine: str, after: float | None
 ) -> tuple[pd.DataFrame | None, float | None]:
     """The engine's KV-event counts of the windows that start after ``after`` (Unix seconds;
     None: all) as observation counts (``COUNT_DTYPES``: the uses of each held chain), and the
@@ -160,7 +160,7 @@ def counts_after(
     return new[list(COUNT_DTYPES)].astype(COUNT_DTYPES).reset_index(drop=True), last
 
 
-def read_counts(data_dir: Path, engine: str) -> pd.DataFrame | None:
+def read_counts(data_dir: str | Path, engine: str) -> pd.DataFrame | None:
     """The engine's KV-event counts so far, or None when none were written."""
-    path = engine_dir(data_dir, engine) / "counts.parquet"
-    return pd.read_parquet(path) if path.exists() else None
+    key = f"{engine_key(engine)}/counts.parquet"
+    return shared_store(data_dir).read_parquet(key, "KV-event counts")

@@ -3,10 +3,12 @@ each warm-up's outcome for status, and the engine's recent plan ids."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from typing import Any
 
+import pandas as pd
 import redis
 
 from tasks.adapters import redis_keys
@@ -43,6 +45,28 @@ class LoopState:
             redis_keys.LOOP_LOCK.format(engine=engine),
             timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S,
         )  # fmt: skip
+
+    def pending(self, engine: str) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+        """Records and counts read but not yet written to the shared store (None: none)."""
+        raw = self.store.hgetall(redis_keys.LOOP_PENDING_OBSERVATIONS.format(engine=engine))
+        return _frame(raw.get(b"records")), _frame(raw.get(b"counts"))
+
+    def keep_pending(
+        self, engine: str, records: pd.DataFrame | None, counts: pd.DataFrame | None
+    ) -> None:
+        """Keep what a tick read until the shared store takes it (replaces what was kept: the
+        caller passes the pending frames merged with its own)."""
+        key = redis_keys.LOOP_PENDING_OBSERVATIONS.format(engine=engine)
+        parts: dict[Any, Any] = {name: _parquet(frame) for name, frame in (("records", records),
+                 ("counts", counts)) if frame is not None and len(frame)}  # fmt: skip
+        with self.store.pipeline() as pipe:
+            pipe.delete(key)
+            if parts:
+                pipe.hset(key, mapping=parts)
+            pipe.execute()
+
+    def clear_pending(self, engine: str) -> None:
+        self.store.delete(redis_keys.LOOP_PENDING_OBSERVATIONS.format(engine=engine))
 
     def claim_window(self, engine: str, start: float) -> bool:
         """Claim the tick of ``engine``'s window starting at ``start`` (False: already done)."""
@@ -116,3 +140,15 @@ class LoopState:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def _frame(raw: bytes | str | None) -> pd.DataFrame | None:
+    if raw is None:
+        return None
+    return pd.read_parquet(io.BytesIO(raw if isinstance(raw, bytes) else raw.encode("latin-1")))

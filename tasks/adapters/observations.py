@@ -1,7 +1,7 @@
 """Observations: what the loop learned about one engine's traffic, shared by every process.
 
-Per engine, under ``<data_dir>/observations/<engine>/`` (``data_dir`` is one volume shared by
-every prewarm service):
+Per engine, under ``<data_dir>/observations/<engine>/`` in the shared store
+(:mod:`tasks.adapters.shared_store`: a folder, or a bucket every host reaches):
 
 * ``records.parquet`` — the most recent request records (``loop.keep_records``), the planner's
   candidates;
@@ -10,8 +10,9 @@ every prewarm service):
   windows, the forecaster's history; a window read over two ticks is summed, not doubled;
 * ``manifest.json`` — the observations' version (one more per update), windows and rows.
 
-Files are replaced atomically (temporary file, then rename), so a reader in another process
-sees the old version or the new one, never half of one. One writer per engine at a time: the
+Objects are replaced whole (a folder's by rename, a bucket's by one PUT), so a reader on
+another host sees the old version or the new one, never half of one; the manifest is written
+last, so a version names tables that are all there. One writer per engine at a time: the
 loop holds the engine's lock in Redis while it updates them.
 
 An update returns an :class:`ObservationsSnapshot`: the version it wrote and the frames it
@@ -21,8 +22,6 @@ the tick observed, with each file read once per tick, never on whatever is newes
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from pipeline.errors import BadInputError
-from pipeline.tables import read_parquet_file
+from tasks.adapters.shared_store import SharedStore, shared_store
 
 COUNT_KEYS = ["item_kind", "item_key", "window_start"]
 
@@ -66,12 +65,6 @@ class ObservationsSnapshot:
         return self.version.windows
 
 
-def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(temp, index=False)
-    os.replace(temp, path)
-
-
 def merge_counts(old: pd.DataFrame | None, new: pd.DataFrame | None) -> pd.DataFrame | None:
     """Counts of both frames, summed per item and window (a window split over reads)."""
     frames = [f for f in (old, new) if f is not None and len(f)]
@@ -101,20 +94,42 @@ def engine_folder(engine: str) -> str:
     )
 
 
-def models_root(data_dir: Path, engine: str | None = None) -> Path:
-    """Where forecasters are saved: per engine for the loop's (``<data_dir>/models/<engine>``),
-    else shared (``<data_dir>/models``)."""
-    return (
-        Path(data_dir) / "models" / engine_folder(engine) if engine else Path(data_dir) / "models"
-    )
+def models_key(engine: str | None = None) -> str:
+    """Where forecasters are saved in the shared store: per engine for the loop's
+    (``models/<engine>``), else shared (``models``)."""
+    return f"models/{engine_folder(engine)}" if engine else "models"
+
+
+def models_root(data_dir: str | Path, engine: str | None = None) -> Path:
+    """The folder of :func:`models_key` when ``data_dir`` is a folder (the model tasks' and
+    commands' own files); a bucket's models are checked out by :mod:`tasks.adapters.model_shelf`."""
+    return Path(str(data_dir)) / models_key(engine)
 
 
 class Observations:
-    """One engine's observations in ``data_dir``."""
+    """One engine's observations in the shared store at ``data_dir``."""
 
-    def __init__(self, data_dir: Path, engine: str) -> None:
+    def __init__(self, data_dir: str | Path | SharedStore, engine: str) -> None:
         self.engine = engine
-        self.folder = Path(data_dir) / "observations" / engine_folder(engine)
+        self.store = shared_store(data_dir)
+        self.prefix = f"observations/{engine_folder(engine)}"
+
+    @property
+    def folder(self) -> Path:
+        """The observations' folder (a folder store; a bucket's is its key)."""
+        return Path(self.store.path(self.prefix))
+
+    @property
+    def records_key(self) -> str:
+        return f"{self.prefix}/records.parquet"
+
+    @property
+    def counts_key(self) -> str:
+        return f"{self.prefix}/counts.parquet"
+
+    @property
+    def manifest_key(self) -> str:
+        return f"{self.prefix}/manifest.json"
 
     @property
     def records_path(self) -> Path:
@@ -124,38 +139,28 @@ class Observations:
     def counts_path(self) -> Path:
         return self.folder / "counts.parquet"
 
-    @property
-    def manifest_path(self) -> Path:
-        return self.folder / "manifest.json"
-
     def version(self) -> ObservationsVersion:
         """The current version (version 0: nothing observed yet)."""
-        try:
-            return ObservationsVersion(**json.loads(self.manifest_path.read_text()))
-        except FileNotFoundError:
+        raw = self.store.read_json(self.manifest_key)
+        if raw is None:
             return ObservationsVersion(self.engine)
-        except (ValueError, TypeError) as exc:
+        try:
+            return ObservationsVersion(**raw)
+        except TypeError as exc:
             raise BadInputError(
-                f"unreadable manifest ({exc})", where=str(self.manifest_path)
+                f"unreadable manifest ({exc})", where=self.store.where(self.manifest_key)
             ) from exc
 
     def records(self) -> pd.DataFrame | None:
         """The kept records, or None before the first."""
-        return self._read(self.records_path)
+        return self.store.read_parquet(self.records_key, "observations")
 
     def counts(self) -> pd.DataFrame | None:
         """The kept item × window counts, or None before the first."""
-        return self._read(self.counts_path)
-
-    @staticmethod
-    def _read(path: Path) -> pd.DataFrame | None:
-        try:
-            return read_parquet_file(path, "observations")
-        except FileNotFoundError:
-            return None
+        return self.store.read_parquet(self.counts_key, "observations")
 
     def snapshot(self) -> ObservationsSnapshot:
-        """The current version with its tables (each file read once)."""
+        """The current version with its tables (each object read once)."""
         return ObservationsSnapshot(self.version(), self.records(), self.counts())
 
     def append(
@@ -170,21 +175,18 @@ class Observations:
         current = self.snapshot()
         if (records is None or records.empty) and (counts is None or counts.empty):
             return current
-        self.folder.mkdir(parents=True, exist_ok=True)
         kept = _kept_records(current.records, records, keep_records)
         merged = merge_counts(current.counts, counts)
         if merged is not None:
             merged = keep_last_windows(merged, keep_windows)
-            _write_parquet(merged, self.counts_path)
+            self.store.write_parquet(self.counts_key, merged)
         if kept is not None:
-            _write_parquet(kept, self.records_path)
+            self.store.write_parquet(self.records_key, kept)
         windows = 0 if merged is None else int(merged["window_start"].nunique())
         last = None if merged is None else pd.Timestamp(merged["window_start"].max()).isoformat()
         version = ObservationsVersion(self.engine, current.version.version + 1, windows,
                                       0 if kept is None else len(kept), last)  # fmt: skip
-        temp = self.manifest_path.with_name(f".manifest.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(version.to_dict()))
-        os.replace(temp, self.manifest_path)
+        self.store.write_json(self.manifest_key, version.to_dict())
         return ObservationsSnapshot(version, kept, merged)
 
 

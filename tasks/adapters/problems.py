@@ -18,6 +18,9 @@ from tasks.adapters import redis_keys
 UNDISCOVERABLE = "replicas_undiscoverable"
 #: a fleet's router that does not answer ``/health``: the road through it fails
 ROUTER_DOWN = "router_down"
+#: the shared store (``data_dir``: a bucket) did not answer the engine's last tick; what it read
+#: is kept in Redis until the store answers
+SHARED_STORE_DOWN = "shared_store_unavailable"
 #: an engine's last plan with items not verified (failed to warm, or not held where users land)
 PLAN_UNVERIFIED = "plan_unverified"
 #: a gated replica admitted cold at its deadline (cleared when a later episode is verified)

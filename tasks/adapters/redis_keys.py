@@ -42,6 +42,11 @@ LOOP_WINDOW_PREDICTIONS = ROOT + ":loop:{engine}:window-predictions"
 LOOP_KV_WINDOW = ROOT + ":loop:{engine}:kv-window"
 #: one engine's observations are written by one process at a time
 LOOP_LOCK = ROOT + ":loop:{engine}:lock"
+#: what a tick read but could not write while the shared store was down (hash: records, counts
+#: as Parquet bytes), added to the engine's observations by the next tick that can write
+LOOP_PENDING_OBSERVATIONS = ROOT + ":loop:{engine}:pending-observations"
+#: the beat's lease: held by the one beat that schedules (value: its owner id; it expires)
+BEAT_LEASE = ROOT + ":beat:lease"
 #: the engine's last drift that plans still answer (JSON: since, until, kind)
 LOOP_DRIFT = ROOT + ":loop:{engine}:drift"
 

@@ -197,7 +197,10 @@ def read_new(settings: Settings, store: redis.Redis, engine: EngineSettings) -> 
     """Read what is new in every source of ``engine``; each source's status is recorded."""
     states = SourceStates(store)
     sources = settings.sources_of(engine.name)
-    states.forget_others(engine.name, {source_id(s) for s in sources})
+    if sources:
+        # a worker on a host without the engine's logs (none configured there) leaves the
+        # offsets of the ingest host's sources alone: it reads none, and forgets none
+        states.forget_others(engine.name, {source_id(s) for s in sources})
     results, reads = [], []
     # (a fleet replica's log also names the warm-ups sent through its router)
     sent = fleet_state.sent_ids(store) if engine.fleet is not None else frozenset()

@@ -2,22 +2,22 @@
 (``<data_dir>/observations/<engine>/topics.parquet``: ``window_start`` in Unix seconds,
 ``topic``, ``prompts``), shared by every process as the observations are.
 
-The file is replaced atomically; a window read over two ticks is summed; only the last
+The object is replaced whole (:mod:`tasks.adapters.shared_store`); a window read over two
+ticks is summed; only the last
 ``keep_windows`` windows are kept. The mixes are labelled by one fitted topic model: when the
 model is fitted again (after a drift) the history is cleared with it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
-from pipeline.tables import read_parquet_file
 from pipeline.topic_drift import TopicMix
 from tasks.adapters.observations import engine_folder
+from tasks.adapters.shared_store import shared_store
 
 COLUMNS = ["window_start", "topic", "prompts"]
 DTYPES = {"window_start": "float64", "topic": "string", "prompts": "float64"}
@@ -26,14 +26,21 @@ DTYPES = {"window_start": "float64", "topic": "string", "prompts": "float64"}
 class TopicHistory:
     """One engine's topic mixes in ``data_dir``."""
 
-    def __init__(self, data_dir: Path, engine: str) -> None:
-        self.path = Path(data_dir) / "observations" / engine_folder(engine) / "topics.parquet"
+    def __init__(self, data_dir: str | Path, engine: str) -> None:
+        self.store = shared_store(data_dir)
+        self.key = f"observations/{engine_folder(engine)}/topics.parquet"
+
+    @property
+    def path(self) -> Path:
+        """The file's path (a folder store)."""
+        return Path(self.store.path(self.key))
 
     def frame(self) -> pd.DataFrame:
         """Every kept row (empty when there is none)."""
-        if not self.path.exists():
+        frame = self.store.read_parquet(self.key, "topic mixes")
+        if frame is None:
             return pd.DataFrame({c: pd.Series(dtype=t) for c, t in DTYPES.items()})
-        return read_parquet_file(self.path, "topic mixes")
+        return frame
 
     def mixes(self) -> list[TopicMix]:
         """Each kept window's mix, oldest first."""
@@ -54,11 +61,8 @@ class TopicHistory:
         summed = both.groupby(["window_start", "topic"], sort=True)["prompts"].sum().reset_index()
         starts = summed["window_start"].drop_duplicates().sort_values()
         kept = summed[summed["window_start"] >= starts.iloc[-min(keep_windows, len(starts))]]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        kept.to_parquet(temp, index=False)
-        os.replace(temp, self.path)
+        self.store.write_parquet(self.key, kept)
 
     def clear(self) -> None:
         """Forget every mix (the topics they were counted in are gone)."""
-        self.path.unlink(missing_ok=True)
+        self.store.delete(self.key)

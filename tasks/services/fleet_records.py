@@ -68,7 +68,7 @@ def fleet_records(
 
 
 def _window_records(
-    data_dir: Path, fleet: str, replicas: tuple[str, ...], window: str, note: str
+    data_dir: str | Path, fleet: str, replicas: tuple[str, ...], window: str, note: str
 ) -> FleetRecords:
     """The fleet's combination for ``window``, made by the first replica to ask for it."""
     key = (str(data_dir), fleet)
@@ -84,7 +84,7 @@ def _window_records(
 
 
 def combined(
-    data_dir: Path, replicas: list[str] | tuple[str, ...], first: pd.DataFrame | None = None
+    data_dir: str | Path, replicas: list[str] | tuple[str, ...], first: pd.DataFrame | None = None
 ) -> pd.DataFrame | None:
     """``first`` and the kept records of ``replicas`` in one frame (``first`` when none has
     any)."""

@@ -24,7 +24,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -39,17 +41,14 @@ from pipeline.planner.reasons import PlanReason
 from pipeline.planner.recency import weigh_counts
 from pipeline.records import records_frame
 from pipeline.triggers import TriggerEvent, drift_events
-from tasks.adapters import telemetry
+from tasks.adapters import problems, telemetry
 from tasks.adapters.connections import check_engine_url
 from tasks.adapters.cooldowns import cooldown_allows
 from tasks.adapters.kv_state import counts_after, load_holdings
 from tasks.adapters.loop_state import LoopState
-from tasks.adapters.observations import (
-    Observations,
-    ObservationsSnapshot,
-    merge_counts,
-    models_root,
-)
+from tasks.adapters.model_shelf import checked_out
+from tasks.adapters.observations import Observations, ObservationsSnapshot, merge_counts
+from tasks.adapters.shared_store import SharedStoreUnavailable, counts_since, shared_store
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
@@ -85,6 +84,8 @@ class Outcome:
     error: str | None = None
     #: cold-cache triggers this warm-up saw fire (a window tick: key drift of the last window)
     triggers: list[dict[str, Any]] = field(default_factory=list)
+    #: what this warm-up cost the shared store: requests by kind, bytes read and written
+    store_requests: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -125,17 +126,35 @@ class WarmLoop:
             raise BadInputError("another process holds its observations", where=engine.name)
         try:
             new = read_new(self.settings, self.store, engine)
-            kv_counts, kv_last = self.kv_counts(engine)
-            counts = merge_counts(new.counts, kv_counts)
-            loop = self.settings.loop
-            snapshot = Observations(self.settings.data_dir, engine.name).append(
-                new.records, counts, loop.keep_records, loop.keep_windows
-            )
-            if kv_last is not None:
-                self.state.set_kv_window(engine.name, kv_last)
+            snapshot = self._append(engine, new)
         finally:
             lock.release()
         return snapshot, new
+
+    def _append(self, engine: EngineSettings, new: NewData) -> ObservationsSnapshot:
+        """Add what was read (and what an earlier tick could not write) to the observations.
+        While the shared store does not answer, it is kept in Redis and the engine is marked
+        (``prewarm status`` degraded) until a tick writes it: no observation is lost."""
+        pending_records, pending_counts = self.state.pending(engine.name)
+        records = _concat(pending_records, new.records)
+        counts = merge_counts(pending_counts, new.counts)
+        try:
+            kv_counts, kv_last = self.kv_counts(engine)
+            loop = self.settings.loop
+            snapshot = Observations(self.settings.data_dir, engine.name).append(
+                records, merge_counts(counts, kv_counts), loop.keep_records, loop.keep_windows
+            )
+        except SharedStoreUnavailable as exc:
+            self.state.keep_pending(engine.name, records, counts)
+            problems.mark(self.store, problems.SHARED_STORE_DOWN, engine.name, str(exc),
+                          self.clock())  # fmt: skip
+            raise
+        if pending_records is not None or pending_counts is not None:
+            self.state.clear_pending(engine.name)
+        problems.mark(self.store, problems.SHARED_STORE_DOWN, engine.name, None, self.clock())
+        if kv_last is not None:
+            self.state.set_kv_window(engine.name, kv_last)
+        return snapshot
 
     def kv_counts(self, engine: EngineSettings) -> tuple[pd.DataFrame | None, float | None]:
         """The windows of ``engine``'s KV-event counts not yet in its observations (written by
@@ -154,31 +173,37 @@ class WarmLoop:
         loaded = load_holdings(self.settings.data_dir, engine.name)
         return [] if loaded is None else restore_candidates(loaded[0], engine.model)
 
-    def learnable(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> bool:
-        """Whether a forecaster can be used: one is saved, or the snapshot has enough windows
-        to fit one (``loop.min_windows_for_model``, the one threshold)."""
-        root = models_root(self.settings.data_dir, engine.name)
-        return root.exists() or snapshot.windows >= self.settings.loop.min_windows_for_model
+    def models(self, engine: EngineSettings) -> AbstractContextManager[Path]:
+        """The engine's models folder for one warm-up (:mod:`tasks.adapters.model_shelf`)."""
+        return checked_out(self.settings.data_dir, engine.name, self.settings.host_dir)
+
+    def learnable(self, root: Path, snapshot: ObservationsSnapshot) -> bool:
+        """Whether a forecaster can be used: one is saved under ``root``, or the snapshot has
+        enough windows to fit one (``loop.min_windows_for_model``, the one threshold)."""
+        saved = root.is_dir() and any(root.iterdir())
+        return saved or snapshot.windows >= self.settings.loop.min_windows_for_model
 
     def model_in_use(
-        self, engine: EngineSettings, snapshot: ObservationsSnapshot, refit: bool = False
-    ) -> str | None:
+        self, engine: EngineSettings, snapshot: ObservationsSnapshot, root: Path,
+        refit: bool = False,
+    ) -> str | None:  # fmt: skip
         """The engine's saved forecaster version; one is selected by backtest on the snapshot's
         counts and saved first when there is none (or ``refit``: a drift was found) and the
         snapshot has enough windows. None: the planner uses the frequency estimate."""
-        if not self.learnable(engine, snapshot):
+        if not self.learnable(root, snapshot):
             return None
-        root = models_root(self.settings.data_dir, engine.name)
         # Imported here, not at the top: it loads LightGBM (seconds on a small machine), which
         # a loop planning on frequency never needs.
         from models.forecaster import SAVED_NAME
 
         saved = (root / SAVED_NAME).exists()
-        if (refit or not saved) and not self._fit_forecaster(engine, snapshot) and not saved:
+        if (refit or not saved) and not self._fit_forecaster(engine, snapshot, root) and not saved:
             return None
         return current_version(root, SAVED_NAME)
 
-    def _fit_forecaster(self, engine: EngineSettings, snapshot: ObservationsSnapshot) -> bool:
+    def _fit_forecaster(
+        self, engine: EngineSettings, snapshot: ObservationsSnapshot, root: Path
+    ) -> bool:
         """Select a forecaster by backtest on the snapshot's counts and save it (False: too
         few windows, or too little to learn)."""
         from models.persistence import code_version
@@ -186,7 +211,6 @@ class WarmLoop:
 
         if snapshot.counts is None or snapshot.windows < self.settings.loop.min_windows_for_model:
             return False
-        root = models_root(self.settings.data_dir, engine.name)
         source = f"observations:{engine.name}:{snapshot.version.version}/{code_version()}"
         try:
             train_on_counts(snapshot.counts, source, root)
@@ -196,7 +220,7 @@ class WarmLoop:
         return True
 
     def plan(
-        self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot,
+        self, engine: EngineSettings, reason: str, snapshot: ObservationsSnapshot, root: Path,
         window: str | None = None,
     ) -> WarmPlan | None:  # fmt: skip
         """The one planner's plan for ``engine`` on ``snapshot`` (None: nothing seen). A
@@ -213,7 +237,7 @@ class WarmLoop:
             if not held and (not replica or not engine.adapters):
                 return None
             records = records_frame([])  # nothing logged: its held chains, a replica's adapters
-        counts = snapshot.counts if self.learnable(engine, snapshot) else None
+        counts = snapshot.counts if self.learnable(root, snapshot) else None
         since = self.newest_since(engine)
         if counts is not None:
             counts = weigh_counts(counts, since)
@@ -223,7 +247,7 @@ class WarmLoop:
         extra += planning.gateway_candidates(self.settings, engine.name, records)
         plan = planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine,
-            models_root=models_root(self.settings.data_dir, engine.name),
+            models_root=root,
             forecast="auto" if counts is not None else "frequency",
             min_windows=self.settings.loop.min_windows_for_model,
             extra=[*extra, *held], detect=fleet.detect,
@@ -261,14 +285,15 @@ class WarmLoop:
         # torch (seconds and hundreds of MiB), which a loop without topic drift never needs.
         from tasks.services.topic_drift import TopicWatch
 
-        watch = TopicWatch(self.settings, engine.name)
-        watch.observe(records)
-        event = watch.event(closed_before)
-        if event is None or not cooldown_allows(self.store, event):
-            return None
-        until = closed_before + topics.weight_windows * self.settings.schedule.window_s
-        self.state.set_drift(engine.name, event.ts, until, event.kind)
-        watch.refit(snapshot.records, event.ts)
+        with self.models(engine) as root:
+            watch = TopicWatch(self.settings, engine.name, root=root)
+            watch.observe(records)
+            event = watch.event(closed_before)
+            if event is None or not cooldown_allows(self.store, event):
+                return None
+            until = closed_before + topics.weight_windows * self.settings.schedule.window_s
+            self.state.set_drift(engine.name, event.ts, until, event.kind)
+            watch.refit(snapshot.records, event.ts)
         return event
 
     def newest_since(self, engine: EngineSettings) -> float | None:
@@ -288,6 +313,8 @@ class WarmLoop:
     ) -> tuple[dict[str, Any], ObservationsSnapshot | None]:
         outcome = Outcome(engine.name, reason, self.clock(), window=window)
         snapshot = None
+        counts = shared_store(self.settings.data_dir).counts
+        before = counts.snapshot()
         try:
             snapshot = self._warm(engine, outcome)
         except PrewarmError as exc:
@@ -295,6 +322,7 @@ class WarmLoop:
             raise
         finally:
             outcome.seconds = round(self.clock() - outcome.started, 3)
+            outcome.store_requests = counts_since(before, counts.snapshot())
             self.record(outcome)
         return outcome.to_dict(), snapshot
 
@@ -314,12 +342,14 @@ class WarmLoop:
         except PrewarmError as exc:
             outcome.status = f"engine down: no plan ({exc})"
             return snapshot
-        outcome.model = self.model_in_use(engine, snapshot, refit=topic is not None)
         if window and new.counts is not None and len(new.counts):
             drift = self.key_drift(engine, snapshot, outcome.started)
             outcome.triggers = [drift.to_dict()] if drift is not None else []
         outcome.triggers += [topic.to_dict()] if topic is not None else []
-        plan = self.plan(engine, outcome.reason, snapshot, outcome.window if window else None)
+        with self.models(engine) as root:
+            outcome.model = self.model_in_use(engine, snapshot, root, refit=topic is not None)
+            plan = self.plan(engine, outcome.reason, snapshot, root,
+                             outcome.window if window else None)  # fmt: skip
         if plan is None or not plan.items:
             outcome.status = "nothing to warm yet" if plan is None else "plan empty"
             if outcome.reason == PlanReason.WINDOW:  # nothing was predicted for the window
@@ -375,3 +405,10 @@ def configured_adapters(engine: EngineSettings) -> list[WarmItem]:
     """Candidates for the adapters configured for ``engine`` (a replica's own: it loads them
     before their first request), the ``extra`` of a replica's plan."""
     return configured_adapter_items((a.split("=", 1)[0] for a in engine.adapters), engine.model)
+
+
+def _concat(first: pd.DataFrame | None, second: pd.DataFrame | None) -> pd.DataFrame | None:
+    frames = [f for f in (first, second) if f is not None and len(f)]
+    if not frames:
+        return second
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)

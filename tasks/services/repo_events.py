@@ -38,7 +38,7 @@ def process_push(
     One push per repository at a time (a Redis lock): two pushes processed side by side could
     otherwise commit out of order and leave an older version serving.
     """
-    repo = TemplateRepo(repo_config(settings, name), settings.data_dir)
+    repo = TemplateRepo(repo_config(settings, name), settings.host_dir)
     # The lock expires on its own if a worker dies holding it; a push takes seconds (the
     # benchmark's p99 is under 3 s for 100 templates), so 10 minutes is ample.
     lock = push_lock(store, name)
@@ -87,7 +87,7 @@ def poll_changed(
     failed: dict[str, str] = {}
     for config in settings.template_repos:
         try:
-            head = TemplateRepo(config, settings.data_dir).sync()
+            head = TemplateRepo(config, settings.host_dir).sync()
         except TransientError as exc:  # one unreachable repository must not stop the others
             failed[config.name] = str(exc)
             continue
@@ -107,7 +107,7 @@ def update_hotness(
     settings: Settings, store: Store, repo: str, records_path: Path
 ) -> dict[str, Any]:
     """Count the requests of a records file per template of ``repo`` and store the counts."""
-    mirror = TemplateRepo(repo_config(settings, repo), settings.data_dir)
+    mirror = TemplateRepo(repo_config(settings, repo), settings.host_dir)
     templates = mirror.templates_at(mirror.sync(), rejects=[])
     prompts = _prompts(records_path)
     counts = template_hotness(prompts, templates.values())

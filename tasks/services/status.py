@@ -14,8 +14,10 @@ from typing import Any
 from pipeline.errors import BadInputError
 from tasks.adapters import problems, redis_keys, replica_holdings
 from tasks.adapters.connections import redacted
-from tasks.adapters.observations import Observations, models_root
+from tasks.adapters.model_shelf import checked_out, current_pointer
+from tasks.adapters.observations import Observations
 from tasks.adapters.plan_store import PlanStore
+from tasks.adapters.shared_store import SharedStoreUnavailable
 from tasks.adapters.sources import SourceStates, source_id
 from tasks.adapters.store import Store
 from tasks.adapters.task_health import failing_tasks
@@ -35,11 +37,21 @@ def model_version(settings: Settings, engine: str) -> str | None:
     from models.forecaster import SAVED_NAME
     from models.selection import saved_selection
 
-    root = models_root(settings.data_dir, engine)
-    if not (root / SAVED_NAME).exists():
+    if current_pointer(settings.data_dir, engine, SAVED_NAME) is None:
         return None
-    saved = saved_selection(root, SAVED_NAME)
+    with checked_out(settings.data_dir, engine, settings.host_dir) as root:
+        saved = saved_selection(root, SAVED_NAME)
     return None if saved is None else f"{saved['version']} (winner {saved['winner']})"
+
+
+def _shared_state(settings: Settings, engine: str) -> dict[str, Any]:
+    """The engine's observations version and model from the shared store (while the store
+    does not answer: what failed, and the engine is marked by its tick)."""
+    try:
+        return {"observations": Observations(settings.data_dir, engine).version().to_dict(),
+                "model": model_version(settings, engine)}  # fmt: skip
+    except SharedStoreUnavailable as exc:
+        return {"observations": {"engine": engine, "error": str(exc)}, "model": None}
 
 
 def plan_progress(store: Store, outcome: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -123,8 +135,7 @@ def engine_status(
         "fleet": engine.fleet,
         "url": redacted(engine.url),
         "sources": sources_status(settings, store, name),
-        "observations": Observations(settings.data_dir, name).version().to_dict(),
-        "model": model_version(settings, name),
+        **_shared_state(settings, name),
         "last_tick": plan_progress(store, last_tick),
         "last_plan": plan_progress(store, latest),
         "next_tick_in_s": None if next_tick is None else round(float(next_tick) - now, 1),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -69,11 +70,13 @@ class TopicWatch:
         settings: Settings,
         engine: str,
         embedder: Callable[[], PromptEmbedder] = shared_embedder,
+        root: Path | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.embedder = embedder
-        self.root = models_root(settings.data_dir, engine)
+        # the models folder of this step (a bucket's is checked out by the caller)
+        self.root = root if root is not None else models_root(settings.data_dir, engine)
         self.history = TopicHistory(settings.data_dir, engine)
         topics = settings.topics
         self.rule = TopicDriftRule(baseline_windows=topics.baseline_windows)

@@ -5,6 +5,7 @@ current version, so a redelivered message is harmless."""
 from __future__ import annotations
 
 import hashlib
+import io
 import time
 from pathlib import Path
 from typing import Any
@@ -16,29 +17,39 @@ from models.persistence import code_version, read_saved, save_model
 from models.selection import SelectedForecaster, selection_metadata
 from pipeline.errors import BadInputError
 from pipeline.evaluation import CountMatrix
-from pipeline.tables import read_parquet_file
 from tasks.adapters.observations import Observations
+from tasks.adapters.shared_store import shared_store
 from tasks.settings import current_settings
 
 
-def input_counts(data_dir: Path, counts_path: str | None, engine: str | None) -> Path:
-    """The counts table a model task reads: the one named, or the engine's observations."""
+def input_counts(data_dir: str | Path, counts_path: str | None, engine: str | None) -> bytes:
+    """The counts table a model task reads (Parquet bytes): the one named (a path or a URL), or
+    the engine's observations in the shared store."""
     if counts_path:
-        return Path(counts_path)
-    if not engine:
-        raise BadInputError("name the input: counts_path or engine", where="prewarm.model")
-    path = Observations(data_dir, engine).counts_path
-    if not path.exists():
-        raise BadInputError(f"engine {engine!r} has no observations yet", where=str(path))
-    return path
+        folder, _, name = counts_path.rstrip("/").rpartition("/")
+        data = shared_store(folder or ".").read_bytes(name)
+        where = counts_path
+    else:
+        if not engine:
+            raise BadInputError("name the input: counts_path or engine", where="prewarm.model")
+        observations = Observations(data_dir, engine)
+        data = observations.store.read_bytes(observations.counts_key)
+        where = observations.store.where(observations.counts_key)
+    if data is None:
+        raise BadInputError("no counts there (no observations yet?)", where=where)
+    return data
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"{digest.hexdigest()}/{code_version()}"
+def counts_frame(data: bytes) -> pd.DataFrame:
+    """The Parquet bytes of a counts table as a frame."""
+    try:
+        return pd.read_parquet(io.BytesIO(data))
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"cannot read counts ({exc})", where="counts") from exc
+
+
+def _digest(data: bytes) -> str:
+    return f"{hashlib.sha256(data).hexdigest()}/{code_version()}"
 
 
 def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict[str, Any] | None:
@@ -53,19 +64,19 @@ def _same_training(root: Path, name: str, source: str, kind: str | None) -> dict
 
 
 def train_and_save(
-    path: Path,
+    data: bytes,
     root: Path,
     name: str = SAVED_NAME,
     kind: str | None = None,
     budget: int | None = None,
 ) -> dict[str, Any]:
-    """Select the forecaster on the counts at ``path`` by backtest; save the winner under
-    ``root``."""
-    source = _digest(path)
+    """Select the forecaster on the counts table ``data`` (Parquet bytes) by backtest; save the
+    winner under ``root``."""
+    source = _digest(data)
     reused = _same_training(root, name, source, kind)
     if reused is not None:
         return reused
-    return train_on_counts(read_parquet_file(path, "counts"), source, root, name, kind, budget)
+    return train_on_counts(counts_frame(data), source, root, name, kind, budget)
 
 
 def train_on_counts(

@@ -55,7 +55,12 @@ class Settings(_Section):
     result_url: str | None = None
     # prewarm's own state (WAL, plans, telemetry, de-duplication); defaults to the broker's Redis.
     store_url: str | None = None
-    data_dir: Path = Path(".prewarm")
+    # shared state (observations, models, KV-event counts): a folder or an fsspec URL such as
+    # ``s3://bucket/prefix`` (tasks.adapters.shared_store); host-local things (template-repository
+    # clones, ingest parts, temporary copies) go under ``local_dir``, by default ``data_dir``
+    # itself when it is a folder and ``.prewarm-local`` when it is a bucket
+    data_dir: str = ".prewarm"
+    local_dir: Path | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # Chosen together: a plan whose worker died resumes within one lease plus one sweep
     # (tasks.warm_tasks); the broker's visibility timeout only re-delivers the lost message later,
@@ -83,6 +88,18 @@ class Settings(_Section):
     def _clean_result_url(cls, value: str | None) -> str | None:
         # Any Celery result backend URL; only control characters are refused.
         return None if value is None else _no_control_characters(value)
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    @property
+    def host_dir(self) -> Path:
+        """This host's own folder (clones, temporary copies): never shared with another host."""
+        if self.local_dir is not None:
+            return self.local_dir
+        return Path(".prewarm-local") if "://" in self.data_dir else Path(self.data_dir)
 
     @field_validator("redis_url", "store_url")
     @classmethod
@@ -232,6 +249,7 @@ _ENV_KEYS = (
     "result_url",
     "store_url",
     "data_dir",
+    "local_dir",
     "log_level",
     "visibility_timeout_s",
     "wal_lease_s",

@@ -79,3 +79,48 @@ def test_real_beat_sends_a_due_task(tmp_path, broker_url, store_url):
             beat.wait(20)
     text = log.read_text(errors="replace")
     assert "prewarm.events.replica_watch" in text
+
+
+def _start_beat(folder, env) -> tuple[subprocess.Popen, object]:
+    folder.mkdir()
+    log = folder / "beat.log"
+    out = log.open("wb")
+    beat = subprocess.Popen(
+        [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
+        cwd=REPO_ROOT, env={**env, "PREWARM_LOCAL_DIR": str(folder)}, stdout=out,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return beat, log
+
+
+def test_two_beats_started_at_once_one_schedules_and_the_other_takes_over(
+    tmp_path, broker_url, store_url
+):
+    config = tmp_path / "prewarm.toml"
+    config.write_text("[schedule]\nreplica_watch_s = 1\nwal_sweep_s = 1\n")
+    env = worker_env({"PREWARM_CONFIG": str(config)})
+    beats = [_start_beat(tmp_path / f"host-{n}", env) for n in (1, 2)]  # no folder shared
+
+    def sent(log) -> int:
+        return log.read_text(errors="replace").count("Sending due task")
+
+    try:
+        deadline = time.monotonic() + 120
+        while not any(sent(log) for _, log in beats):
+            assert all(b.poll() is None for b, _ in beats)
+            assert time.monotonic() < deadline, [log.read_text() for _, log in beats]
+            time.sleep(0.2)
+        time.sleep(6)  # both tick several times meanwhile
+        counts = [sent(log) for _, log in beats]
+        assert sorted(c > 0 for c in counts) == [False, True], counts  # one schedules
+        holder, standby = (beats[0], beats[1]) if counts[0] else (beats[1], beats[0])
+        holder[0].terminate()  # the holder's host goes: the standby takes over
+        holder[0].wait(20)
+        deadline = time.monotonic() + 60
+        while not sent(standby[1]):
+            assert time.monotonic() < deadline, standby[1].read_text(errors="replace")
+            time.sleep(0.2)
+    finally:
+        for beat, _ in beats:
+            beat.terminate()
+            beat.wait(20)

@@ -44,6 +44,8 @@ CHECK_EVERY_S = 3.0
 #: many jobs (load 20 and more) stretches to minutes; checks in parallel would all time out.
 HEALTH_TIMEOUT_S = 240
 PARALLEL_CHECKS = 3
+#: profiles whose services are not long-running prewarm commands (images, one-shots)
+IMAGE_PROFILES = {"monitoring", "object-store"}
 
 
 def _compose() -> dict[str, Any]:
@@ -111,8 +113,9 @@ def test_every_prewarm_service_and_the_simulator_share_one_data_volume():
     volume = next(v.split(":")[0] for v in services["api"]["volumes"] if CONTAINER_DATA_DIR in v)
     assert volume in compose["volumes"]
     for name, service in services.items():
-        # the `monitoring` profile's Prometheus and Grafana read no prewarm data
-        if name != "redis" and "monitoring" not in service.get("profiles", []):
+        # the `monitoring` profile's Prometheus and Grafana read no prewarm data; the
+        # `object-store` profile's store is an image, its bucket maker a one-shot
+        if name != "redis" and not set(service.get("profiles", [])) & IMAGE_PROFILES:
             assert f"{volume}:{CONTAINER_DATA_DIR}" in service["volumes"], name
     simulator = services["simulator"]["command"]
     log = simulator[simulator.index("--log-file") + 1]
@@ -326,7 +329,7 @@ class LocalStack:
             for n, s in services.items()
             # the `monitoring` profile's Prometheus and Grafana are images, not prewarm commands
             # (tests/integration/test_monitoring.py runs that Prometheus's command)
-            if n != "redis" and "monitoring" not in s.get("profiles", [])
+            if n != "redis" and not set(s.get("profiles", [])) & IMAGE_PROFILES
             and (only is None or n in only)
         }  # fmt: skip
         ports = {n: s.ports for n, s in self.services.items() if s.ports}

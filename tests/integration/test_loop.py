@@ -359,7 +359,7 @@ def test_the_api_and_the_cli_show_the_same_status(sim, loop_settings, store, mon
 
     traffic(sim.url, 2)
     WarmLoop(loop_settings, store, submit=in_process(store, loop_settings)).tick("sim")
-    config = loop_settings.data_dir / "status.toml"
+    config = Path(loop_settings.data_dir) / "status.toml"
     config.write_text(
         f'store_url = "{loop_settings.store_redis_url}"\nredis_url = '
         f'"{loop_settings.store_redis_url}"\ndata_dir = "{loop_settings.data_dir}"\n'
