@@ -224,6 +224,8 @@ class LocalService:
     def _environment(self, declared: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
         for key, value in declared.items():
+            if value is None:  # compose passes a bare name through from the shell, if set
+                continue
             env[key] = (
                 _interpolate(str(value))
                 .replace("redis:6379", f"127.0.0.1:{self.redis_port}")

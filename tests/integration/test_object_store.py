@@ -240,3 +240,10 @@ def test_commands_take_urls_and_store_copy_moves_an_installation_and_back(
         assert planned.returncode == 0, planned.stderr
         plan = json.loads(shared_store(bucket).read_bytes("plans/plan.json") or b"{}")
         assert plan["engine"] == "a" and plan["items"], plan
+
+        checked = _prewarm("store", "check", bucket, env=endpoint.env())
+        assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stderr
+        endpoint.down()
+        refused = _prewarm("store", "check", bucket, env=endpoint.env())
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
