@@ -66,14 +66,21 @@ class Sidecar:
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        """Look every ``every_s`` until stopped (a failed look is logged and tried again)."""
-        self.gate.prepare()
+        """Look every ``every_s`` until stopped (a failed look is logged and tried again).
+        While the engine does not answer yet (it loads its model), the planner's imports are
+        paid for once (:meth:`Gatekeeper.prepare`); an engine up at the first look is warmed
+        at once."""
+        prepared = False
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
-                self.gate.look(only=self.engine)
+                seen = self.gate.look(only=self.engine)
             except PrewarmError as exc:
                 logger.warning("gate %s: look failed: %s", self.engine, exc)
+                seen = []
+            if not seen and not prepared:
+                self.gate.prepare()
+                prepared = True
             self.stopping.wait(max(0.0, self.every_s - (time.monotonic() - started)))
 
     def app(self) -> Starlette:

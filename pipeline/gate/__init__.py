@@ -55,6 +55,8 @@ class GateRecord:
     admitted: float | None = None
     why: str = ""
     tries: int = 0
+    #: when its last warm-up was planned (a failed one is tried again a little later)
+    tried_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state.value}

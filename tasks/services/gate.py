@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 #: seconds one look may hold a replica (planning and dispatch; where the plan runs in the
 #: look's process, its run too): two processes never begin one episode twice
 LOOK_HOLD_S = 60.0
+#: seconds between two warm-ups of a replica whose warm-up failed (or was not verified): a
+#: sidecar looks every 50 ms
+RETRY_S = 1.0
 #: (engine) -> (answers /health, its process start time)
 Probe = Callable[[EngineSettings], tuple[bool, float | None]]
 RouterFor = Callable[[FleetSettings], RouterClient]
@@ -172,30 +175,43 @@ class Gatekeeper:
         """One look at every gated replica (``only``: that engine); their records."""
         records = []
         for fleet in self.gated():
-            states: dict[str, str] = {}
-            admitted_now: list[tuple[float, float, bool]] = []
-            for engine in self.settings.replicas_of(fleet.name):
-                if only is not None and engine.name != only:
-                    continue
-                if not gate_state.claim(self.store, fleet.name, engine.name, LOOK_HOLD_S):
-                    continue  # (another process looks at it now)
-                try:
-                    last = gate_state.load(self.store, fleet.name, engine.name)
-                    record = self.step(fleet, engine, last)
-                finally:
-                    gate_state.release(self.store, fleet.name, engine.name)
-                if record is None:
-                    continue
-                records.append(record)
-                states[engine.name] = record.state.value
-                if record.admitted is not None and (
-                    last is None or last.admitted != record.admitted
-                ):
-                    cold = record.state == GateState.ADMITTED_COLD
-                    ready_s = record.time_to_ready or 0.0
-                    admitted_now.append((ready_s, record.prewarm_part(), cold))
-            record_gate(self.store, fleet.name, states, admitted_now)
+            replicas = [e for e in self.settings.replicas_of(fleet.name)
+                        if only is None or e.name == only]  # fmt: skip
+            seen = [self._look_at(fleet, engine) for engine in replicas]
+            records += [record for _, record in seen if record is not None]
+            self._record(fleet, seen)
         return records
+
+    def _look_at(
+        self, fleet: FleetSettings, engine: EngineSettings
+    ) -> tuple[GateRecord | None, GateRecord | None]:
+        """(the replica's record before, after) one look; after None: not looked at (never
+        seen up, or another process looks at it now)."""
+        if not gate_state.claim(self.store, fleet.name, engine.name, LOOK_HOLD_S):
+            return None, None
+        try:
+            last = gate_state.load(self.store, fleet.name, engine.name)
+            return last, self.step(fleet, engine, last)
+        finally:
+            gate_state.release(self.store, fleet.name, engine.name)
+
+    def _record(
+        self, fleet: FleetSettings, seen: list[tuple[GateRecord | None, GateRecord | None]]
+    ) -> None:
+        """The looked-at replicas' states, those admitted now, and the fleet's waiting count
+        (over all its current replicas, whoever looked at them) for ``/metrics``."""
+        looked = [(last, record) for last, record in seen if record is not None]
+        states = {record.engine: record.state.value for _, record in looked}
+        admitted_now = [
+            (record.time_to_ready or 0.0, record.prewarm_part(),
+             record.state == GateState.ADMITTED_COLD)
+            for last, record in looked
+            if record.admitted is not None and (last is None or last.admitted != record.admitted)
+        ]  # fmt: skip
+        current = {e.name for e in self.settings.replicas_of(fleet.name)}
+        waiting = sum(r.state == GateState.WAITING and r.engine in current
+                      for r in gate_state.fleet_records(self.store, fleet.name))  # fmt: skip
+        record_gate(self.store, fleet.name, states, waiting, admitted_now)
 
     def step(
         self, fleet: FleetSettings, engine: EngineSettings, last: GateRecord | None
@@ -210,7 +226,7 @@ class Gatekeeper:
             self._remove(fleet, engine)
             record = self._warm(record.with_stage("detection", self.clock() - started))
         elif last is not None and last.state == GateState.WAITING:
-            record = last if last.plan_id is not None else self._warm(last)
+            record = last if last.plan_id is not None or self._too_soon(last) else self._warm(last)
         else:
             return last
         record = self._verify(record, engine)
@@ -231,9 +247,14 @@ class Gatekeeper:
         gate_state.save(self.store, record)
         return record
 
+    def _too_soon(self, record: GateRecord) -> bool:
+        """Whether a failed warm-up was tried less than :data:`RETRY_S` ago."""
+        return record.tried_at is not None and self.clock() - record.tried_at < RETRY_S
+
     def _warm(self, record: GateRecord) -> GateRecord:
         """Plan the replica's hot set and send it to the replica (timed)."""
         started = self.clock()
+        record = replace(record, tried_at=started)
         self.submit_s = 0.0
         loop = WarmLoop(self.settings, self.store, self.submit)
         try:

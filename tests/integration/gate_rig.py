@@ -7,6 +7,7 @@ served from cache."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -130,6 +131,25 @@ class GatedRig(FleetRig):
         self.listed.append(replica.url)
         self._configure()
         return replica
+
+
+def _toml_value(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def write_config(rig: GatedRig, path: Path, urls: list[str]) -> Path:
+    """The fleet's settings as a TOML file (what the sidecar's pod mounts)."""
+    fleet = rig.fleet_settings()
+    keys = ("name", "router_url", "router", "policy", "model", "replica_kind", "log",
+            "cache_tokens", "cache_block_tokens", "gate", "gate_by", "gate_deadline_s")  # fmt: skip
+    lines = [f"redis_url = {_toml_value(rig.settings.redis_url)}",
+             f"store_url = {_toml_value(rig.settings.store_url)}",
+             f"data_dir = {_toml_value(str(rig.settings.data_dir))}", "", "[[fleets]]"]  # fmt: skip
+    lines += [f"{k} = {_toml_value(getattr(fleet, k))}" for k in keys]
+    for url in urls:
+        lines += ["", "[[fleets.replicas]]", f"url = {_toml_value(url)}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def cold_share(replicas: list[SimulatorServer], requests: list[Request]) -> tuple[int, int]:

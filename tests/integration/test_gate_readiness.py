@@ -6,14 +6,12 @@ paced users send every template without pause: no request reaches the new replic
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,30 +19,17 @@ import pytest
 from jobs.api import build_api
 from jobs.embedded import free_port, serve_app
 from tasks.adapters import gate_state
-from tests.integration.gate_rig import GatedRig, Users, balancing_on_load, landed_on
+from tests.integration.gate_rig import (
+    GatedRig,
+    Users,
+    balancing_on_load,
+    landed_on,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
 TEMPLATES = 8
-
-
-def _toml_value(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
-
-
-def write_config(rig: GatedRig, path: Path, urls: list[str]) -> Path:
-    """The fleet's settings as a TOML file (what the sidecar's pod mounts)."""
-    fleet = rig.fleet_settings()
-    keys = ("name", "router_url", "router", "policy", "model", "replica_kind", "log",
-            "cache_tokens", "cache_block_tokens", "gate", "gate_by", "gate_deadline_s")  # fmt: skip
-    lines = [f"redis_url = {_toml_value(rig.settings.redis_url)}",
-             f"store_url = {_toml_value(rig.settings.store_url)}",
-             f"data_dir = {_toml_value(str(rig.settings.data_dir))}", "", "[[fleets]]"]  # fmt: skip
-    lines += [f"{k} = {_toml_value(getattr(fleet, k))}" for k in keys]
-    for url in urls:
-        lines += ["", "[[fleets.replicas]]", f"url = {_toml_value(url)}"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _prewarm() -> str:

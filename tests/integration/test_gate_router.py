@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from jobs.api import build_api
+from jobs.cmd_status import _gate_line
 from jobs.embedded import serve_app
 from jobs.simulator.cache import CacheLookup
 from tasks.adapters import gate_state
@@ -95,7 +96,11 @@ def test_a_replica_never_verified_is_admitted_cold_at_the_deadline(
         assert [p["subject"] for p in status["problems"] if p["kind"] == "gate_admitted_cold"] == [
             rig.replica_name(replica)
         ]
-        assert [g["state"] for g in status["gate"] if g["url"] == replica.url] == ["admitted_cold"]
+        (row,) = [g for g in status["gate"] if g["url"] == replica.url]
+        assert row["state"] == "admitted_cold"
+        line = _gate_line(row)
+        assert line.startswith(f"gate fleet/{rig.replica_name(replica)}: admitted_cold ready in ")
+        assert "deadline of 3s passed" in line
         with serve_app(build_api(rig.settings)) as api:
             scrape = httpx.get(f"{api}/metrics", timeout=10).text
             ready = httpx.get(f"{api}/ready/{rig.replica_name(replica)}", timeout=10)

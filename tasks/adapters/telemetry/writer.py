@@ -329,16 +329,17 @@ def record_gate(
     store: redis.Redis,
     fleet: str,
     states: Mapping[str, str],
+    waiting: int,
     admitted: Sequence[tuple[float, float, bool]] = (),
 ) -> None:
-    """One look of the gate at ``fleet``: each replica's state (engine -> state), and the
-    replicas it admitted: (time to ready, prewarm's part, cold)."""
+    """One look of the gate at ``fleet``: the state of each replica it looked at (engine ->
+    state), how many of the fleet's replicas wait now, and the replicas it admitted: (time to
+    ready, prewarm's part, cold)."""
     gauges: dict[Series, float | None] = {
         ("prewarm_gate_replica", (fleet, engine, s.value)): float(s.value == state)
         for engine, state in states.items()
         for s in GateState
     }
-    waiting = sum(state == GateState.WAITING for state in states.values())
     gauges[("prewarm_gate_waiting", (fleet,))] = float(waiting)
     with store.pipeline(transaction=False) as pipe:
         series = _SeriesWriter(pipe)
