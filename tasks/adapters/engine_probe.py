@@ -7,7 +7,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.errors import BadInputError
+from pipeline.errors import BadInputError, PrewarmError
 from pipeline.triggers import EngineSample, ReplicaObservation
 from tasks.adapters.connections import tls_context
 from tasks.settings import EngineSettings
@@ -72,3 +72,20 @@ def observe(
         sample = parse_metrics(engine.name, metrics.text, now)
     start = sample.start_time if sample else None
     return ReplicaObservation(engine.name, now, healthy, models, start), sample
+
+
+def probe_replica(engine: EngineSettings, timeout_s: float = 1.0) -> tuple[bool, float | None]:
+    """Whether ``engine`` answers ``/health``, and its process start time (from its metrics)."""
+    try:
+        with httpx.Client(base_url=engine.url, timeout=timeout_s, verify=tls_context()) as client:
+            if client.get("/health").status_code != 200:
+                return False, None
+            metrics = client.get(engine.metrics_url or "/metrics")
+    except httpx.HTTPError:
+        return False, None
+    if metrics.status_code != 200:
+        return True, None
+    try:
+        return True, parse_metrics(engine.name, metrics.text, time.time()).start_time
+    except PrewarmError:
+        return True, None

@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
-
 from pipeline.errors import PrewarmError
 from pipeline.fleet_roads import on_replica
 from pipeline.gate import (
@@ -41,8 +39,7 @@ from pipeline.planner.plan import WarmPlan
 from pipeline.planner.reasons import PlanReason
 from pipeline.triggers import REPLICA_READY, REPLICA_RESTARTED
 from tasks.adapters import gate_state, problems
-from tasks.adapters.connections import tls_context
-from tasks.adapters.engine_probe import parse_metrics
+from tasks.adapters.engine_probe import probe_replica
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.router_client import RouterClient
 from tasks.adapters.store import Store
@@ -66,23 +63,6 @@ RETRY_S = 1.0
 #: (engine) -> (answers /health, its process start time)
 Probe = Callable[[EngineSettings], tuple[bool, float | None]]
 RouterFor = Callable[[FleetSettings], RouterClient]
-
-
-def probe_replica(engine: EngineSettings, timeout_s: float = 1.0) -> tuple[bool, float | None]:
-    """Whether ``engine`` answers ``/health``, and its process start time (from its metrics)."""
-    try:
-        with httpx.Client(base_url=engine.url, timeout=timeout_s, verify=tls_context()) as client:
-            if client.get("/health").status_code != 200:
-                return False, None
-            metrics = client.get(engine.metrics_url or "/metrics")
-    except httpx.HTTPError:
-        return False, None
-    if metrics.status_code != 200:
-        return True, None
-    try:
-        return True, parse_metrics(engine.name, metrics.text, time.time()).start_time
-    except PrewarmError:
-        return True, None
 
 
 @dataclass
