@@ -32,8 +32,10 @@ def walk(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...]
 
 def _value_option(command: Any) -> str | None:
     for param in command.params:
+        if param.param_type_name != "option":  # (an optional argument has no flag to leave out)
+            continue
         takes_value = not (param.is_flag or param.count or param.is_eager)
-        if param.param_type_name == "option" and takes_value and param.opts[0].startswith("--"):
+        if takes_value and param.opts[0].startswith("--"):
             return str(param.opts[0])
     return None
 
