@@ -48,10 +48,12 @@ def moving() -> CountMatrix:
     return CountMatrix.from_counts(counts_from_matrix(_moving_day(), WINDOW))
 
 
+@pytest.mark.timeout(900)  # three selections: minutes on the shared, loaded 2 cores
 def test_selected_model_is_no_worse_than_the_best_baseline_on_later_windows(moving):
     # Selection sees only the history before each refit; it is judged on the windows after.
     config = WalkForwardConfig(budget_items=(3,), first_t=2 * 144, refit_every=96)
-    table = walk_forward(moving, {**baselines(), "selected": SelectedForecaster((3,))}, config)
+    selected = SelectedForecaster((3,), backtest=24)  # 24 origins: the three selections in ~1 min
+    table = walk_forward(moving, {**baselines(), "selected": selected}, config)
     rows = table.table.set_index("model")
     best_share = rows.loc[list(baselines()), "share_of_history_oracle"].max()
     best_mae = rows.loc[list(baselines()), "mae"].min()
@@ -216,9 +218,11 @@ def test_the_selected_model_ranks_at_the_last_origin_as_its_backtest_scored_it(
         assert selected.report()["tiers"] == list(selected.winner_.tiers)
 
 
+@pytest.mark.timeout(900)  # the loaded run takes as long as the load makes it
 def test_the_same_history_gets_the_same_choice_and_table_on_a_loaded_machine(moving):
     def select() -> SelectedForecaster:
-        return SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
+        # LightGBM competing on 160 windows, 8 origins: twice in ~1 min on an idle machine.
+        return SelectedForecaster((2, 5), backtest=8, short_history=0).fit(moving, 160)
 
     idle = select()
     burners = [
