@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from models.forecaster import SAVED_NAME
 from tasks.adapters.shared_store import shared_store
 from tasks.services.loop import window_start
 from tasks.settings import load_settings
@@ -51,6 +52,9 @@ def test_the_services_warm_a_restarted_simulator_with_state_in_a_bucket(tmp_path
     changes = {
         "window_s = 300": f"window_s = {WINDOW_S}",
         "replica_watch_s = 10": "replica_watch_s = 1",
+        # a forecaster after two windows (as test_object_store): its files go to the bucket,
+        # and a worker's checked-out copy must not stay in its local_dir
+        "[budget]": "[loop]\nmin_windows_for_model = 2\n\n[budget]",
     }
     data_dir = f"s3://{BUCKET}/{tmp_path.name}"
     with s3_endpoint(monkeypatch) as endpoint:
@@ -85,7 +89,8 @@ def test_the_services_warm_a_restarted_simulator_with_state_in_a_bucket(tmp_path
                   f"{len(counted)} ({share:.0%}); replica warm-up "
                   f"{outcome and outcome['planned']} items, started "
                   f"{outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
-                  f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s)",
+                  f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s); "
+                  f"{outcome and outcome.get('forecast')}",
                   flush=True)  # fmt: skip
 
             keys = set(shared_store(data_dir).walk(""))
@@ -107,7 +112,7 @@ def test_the_services_warm_a_restarted_simulator_with_state_in_a_bucket(tmp_path
                 "observations/simulator/counts.parquet",
                 "observations/simulator/manifest.json",
             } <= keys, sorted(keys)
-            assert any(k.startswith("models/simulator/") for k in keys), sorted(keys)
+            assert f"models/simulator/{SAVED_NAME}/current" in keys, sorted(keys)
             assert all(files == [] for files in leftovers.values()), leftovers
             assert sorted(p.name for p in stack.data_dir.iterdir()) == ["engine.log"]
         finally:
