@@ -190,8 +190,14 @@ class LocalService:
         data_dir: Path | None = None,
         config_dir: Path | None = None,
         links: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        local_dir: Path | None = None,
     ) -> None:
+        """``env``: set last, over the declared environment (``PREWARM_DATA_DIR`` a bucket, the
+        store's endpoint and keys); ``local_dir``: the service's own ``PREWARM_LOCAL_DIR``."""
         self.name = name
+        self.overrides = dict(env or {})
+        self.local_dir = local_dir
         self.ports = {int(p.split(":")[-1]): free_port() for p in spec.get("ports", [])}
         self.links = links or {}
         self.redis_port = redis_port
@@ -232,6 +238,9 @@ class LocalService:
                 .replace(CONTAINER_CONFIG_DIR, str(self.config_dir))
             )
         env["PREWARM_DATA_DIR"] = str(self.data_dir)
+        if self.local_dir is not None:
+            env["PREWARM_LOCAL_DIR"] = str(self.local_dir)
+        env.update(self.overrides)
         if not env.get("PREWARM_CONFIG"):  # compose's empty default: no settings file
             env.pop("PREWARM_CONFIG", None)
         env["HF_HUB_OFFLINE"] = "1"
@@ -315,8 +324,12 @@ class LocalStack:
         workdir: Path,
         config_changes: dict[str, str] | None = None,
         only: tuple[str, ...] | None = None,
+        env: dict[str, str] | None = None,
+        own_local_dirs: bool = False,
     ) -> None:
-        """``only``: the services to run (default: all); the others are not started."""
+        """``only``: the services to run (default: all); the others are not started. ``env``:
+        set in every service's environment, last; ``own_local_dirs``: each service its own
+        ``local_dir`` (``<workdir>/<service>/local``) instead of the data folder."""
         services = _compose()["services"]
         self.workdir = workdir
         self.data_dir = workdir / "data-volume"
@@ -326,7 +339,8 @@ class LocalStack:
         links = zmq_links(services)
         self.services = {
             n: LocalService(
-                n, s, self.redis_port, workdir, self.data_dir, self.config_dir, links[n]
+                n, s, self.redis_port, workdir, self.data_dir, self.config_dir, links[n], env,
+                workdir / n / "local" if own_local_dirs else None,
             )
             for n, s in services.items()
             # the `monitoring` profile's Prometheus and Grafana are images, not prewarm commands
