@@ -170,7 +170,8 @@ def test_prometheus_scrapes_the_cluster_and_every_panel_has_data(
     rules = httpx.get(f"{prometheus}/api/v1/rules").json()["data"]["groups"][0]["rules"]
     assert {r["name"] for r in rules} == {
         "PrewarmLoopStalled", "PrewarmHitRateFallingAfterRestart", "PrewarmWarmupFailures",
-        "PrewarmWalTransactionsStuck", "PrewarmStoreDown",
+        "PrewarmWalTransactionsStuck", "PrewarmStoreDown", "PrewarmFleetReplicasUndiscoverable",
+        "PrewarmFleetRouterDown", "PrewarmPlanItemsUnverified", "PrewarmGateAdmittedCold",
     }  # fmt: skip
     assert all(r["health"] == "ok" for r in rules), rules
 
