@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,13 @@ def _probe(url: str) -> int:
         return 0  # (not listening yet: a failed probe)
 
 
+def _watch(url: str, seen: list[int], stop: threading.Event) -> None:
+    """Every answer of ``url`` every 20 ms until ``stop``."""
+    while not stop.is_set():
+        seen.append(_probe(url))
+        time.sleep(0.02)
+
+
 def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, store_url, tmp_path):
     rig = balancing_on_load(
         GatedRig(tmp_path, "power_of_two", 2, store, store_url, gate_by="readiness")
@@ -64,6 +72,13 @@ def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, sto
                 [_prewarm(), "gate", "--replica", pod.url, "--port", str(port)],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
+        # what the sidecar answers between the kubelet's probes (a second apart, its warm-up
+        # can begin and end between two of them on an idle machine)
+        seen: list[int] = []
+        watching = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(f"http://127.0.0.1:{port}/ready", seen,
+                                                        watching), daemon=True)  # fmt: skip
+        watcher.start()
         answers, joined = [], None
         until = time.monotonic() + 60
         while time.monotonic() < until and joined is None:  # the kubelet, every second
@@ -72,6 +87,8 @@ def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, sto
             if answers[-1] == 200:  # Ready: the endpoints controller adds it
                 httpx.post(f"{rig.router.url}/add_worker", params={"url": pod.url}, timeout=30)
                 joined = time.time()
+        watching.set()
+        watcher.join(timeout=5)
         time.sleep(6.0)
         users.stop()
         with serve_app(build_api(rig.settings)) as api:
@@ -84,7 +101,9 @@ def test_a_pod_is_ready_only_once_warm_and_no_request_reaches_it_cold(store, sto
         rig.stop()
     log_text = (tmp_path / "sidecar.log").read_text()
     assert joined is not None, (answers, log_text)
-    assert 503 in answers and answers[-1] == 200, answers
+    assert answers[-1] == 200 and 200 not in answers[:-1], answers
+    served = [a for a in seen if a]  # (0: not listening yet)
+    assert served and served[0] == 503 and 200 in served, served  # 503 until verified, then 200
     assert from_api.status_code == 200, from_api.text
     reached = landed_on(pod, [r for r in users.requests if r.sent >= joined - 1])
     print(f"\nreadiness: probes {answers}; {len(reached)} requests reached the new pod, "
