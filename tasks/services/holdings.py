@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import PrewarmError
+from pipeline.errors import EngineUnavailableError, PrewarmError
 from pipeline.kv_holdings import chain_content_keys
 from pipeline.planner.plan import WarmItem
 from tasks.adapters import replica_holdings
@@ -45,6 +45,8 @@ from tasks.settings import EngineSettings, Settings
 
 #: failures named in a plan's holdings record (the rest are counted)
 NAMED_FAILURES = 10
+#: a probe is one block and a token of prefill: a replica that takes longer is not answering
+PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -114,9 +116,12 @@ def _by_events(engine: EngineSettings, store: Store, items: Sequence[WarmItem]) 
 
 
 def _probe(client: EngineClient, item: WarmItem, block: int | None) -> tuple[bool | None, str]:
-    """(held, why not) by one probe; held None: the engine reports no cached tokens."""
+    """(held, why not) by one probe; held None: the engine reports no cached tokens. A replica
+    that does not answer raises :class:`EngineUnavailableError` (its other items are not probed)."""
     try:
         probe = client.complete(item, max_tokens=1)
+    except EngineUnavailableError:
+        raise
     except PrewarmError as exc:
         return False, f"probe failed: {exc}"
     if probe.cached_tokens is None:
@@ -152,11 +157,21 @@ def _check_replica(
 ) -> None:
     by_events = _by_events(engine, store, items)
     block = _block_size(engine) if len(by_events) < len(items) else None
-    client = EngineClient(engine, timeout_s=30.0, retry=RetryPolicy(attempts=2))
+    client = EngineClient(engine, timeout_s=PROBE_TIMEOUT_S, retry=RetryPolicy(attempts=2))
+    down = ""
     try:
         for item in items:
-            held, why = (by_events[item.key], "not in its KV events") if item.key in by_events \
-                else _probe(client, item, block)  # fmt: skip
+            held: bool | None
+            if down:
+                held, why = False, down
+            elif item.key in by_events:
+                held, why = by_events[item.key], "not in its KV events"
+            else:
+                try:
+                    held, why = _probe(client, item, block)
+                except EngineUnavailableError as exc:
+                    down = f"the replica does not answer ({exc})"
+                    held, why = False, down
             row = found.unchecked if held is None else found.held if held else found.missing
             row.setdefault(engine.name, []).append(item.key)
             if held is False:
