@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pipeline.fleet_roads import ROUTER_RESTARTED
+from pipeline.triggers import REPLICA_READY, REPLICA_RESTARTED
 from tasks.adapters import cooldowns, fleet_state, replica_state
 from tests.integration.fleet_rig import FleetRig
 
@@ -74,6 +75,8 @@ def test_every_replica_is_warmed_again_as_soon_as_the_router_answers(rig, monkey
     monkeypatch.setattr(cooldowns, "REPLICA_COOLDOWN_S", 10 * SECOND_RESTART_S)
     _users_at_once(rig, uses=3)
     rig.observe()
+    for name in _replicas(rig):  # (the replicas' first start, warmed with nothing to warm)
+        cooldowns.release_cooldowns(rig.store, name)
     restarts: list[float] = []
     for round_ in range(2):  # the first restart, and a second inside the cooldown
         if restarts:  # the second restart 25 s after the first, as the issue measured it
@@ -81,9 +84,13 @@ def test_every_replica_is_warmed_again_as_soon_as_the_router_answers(rig, monkey
         fired, restarted = _restart_with_the_router_down(rig)
         restarts.append(restarted)
         seen = [replica_state.last_observation(rig.store, name) for name in _replicas(rig)]
-        assert sorted(f["engine"] for f in fired if f["kind"] == "replica_restarted") == (
-            _replicas(rig)
-        ), (round_, fired, seen)
+        # (a look that timed out on a loaded machine sees the restart as ready-after-down)
+        started = {REPLICA_READY, REPLICA_RESTARTED}
+        assert sorted(f["engine"] for f in fired if f["kind"] in started) == (_replicas(rig)), (
+            round_,
+            fired,
+            seen,
+        )
         failed = [b for b in rig.warmups.batches if b["state"] != "committed"]
         assert failed, "the warm-ups through the router that is down should fail"
         owed = fleet_state.road_failed(rig.store, rig.name)
