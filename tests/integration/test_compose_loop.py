@@ -58,6 +58,37 @@ def send_traffic(url: str) -> Counter[tuple[int, bool]]:
     return template_traffic(ask_one, WINDOWS_OF_TRAFFIC, WINDOW_S, TEMPLATES)
 
 
+def restart_and_ask(
+    stack: LocalStack, url: str, used: Counter[tuple[int, bool]]
+) -> tuple[dict | None, float, float, float, dict]:
+    """The simulator restarted as a deploy restarts it (the same command, the same port), the
+    replica warm-up waited for until the next window ends, then one first request per template
+    and endpoint used twice or more: (the warm-up's outcome, when they were answered, the
+    deadline, the share served from cache, each one's (cached, prompt) tokens)."""
+    sim = stack.services["simulator"]
+    sim.stop()
+    restarted = time.time()
+    sim.start()
+    deadline = window_start(restarted, WINDOW_S) + 2 * WINDOW_S  # the next window's end
+    store = redis.Redis.from_url(load_settings(stack.services["beat"].env).store_redis_url)
+    outcome = wait_loop_warm(store, "simulator", ("replica",), restarted, deadline - 5)
+    if outcome is None:  # say how far it got
+        print("replica warm-up not done:", store.hget(
+            "pw:loop:simulator:plans", "replica"), flush=True)  # fmt: skip
+    counted = sorted(key for key, requests in used.items() if requests >= 2)
+    results = {key: ask(url, key[0], "A first question after the deploy?", key[1])
+               for key in counted}  # fmt: skip
+    answered = time.time()
+    served = [key for key, (cached, prompt) in results.items() if cached >= 0.5 * prompt]
+    share = len(served) / len(counted)
+    print(f"served from cache on first use after the restart: {len(served)}/{len(counted)} "
+          f"({share:.0%}); replica warm-up {outcome and outcome['planned']} items, "
+          f"started {outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
+          f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s); "
+          f"{outcome and outcome.get('forecast')}", flush=True)  # fmt: skip
+    return outcome, answered, deadline, share, results
+
+
 def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
     changes = {
         "window_s = 300": f"window_s = {WINDOW_S}",
@@ -71,28 +102,8 @@ def test_the_services_warm_a_restarted_simulator_with_nothing_typed(tmp_path):
         url = f"http://127.0.0.1:{sim.ports[8000]}"
         used = send_traffic(url)
 
-        sim.stop()  # a deploy: the same command starts a fresh replica on the same port
-        restarted = time.time()
-        sim.start()
-        deadline = window_start(restarted, WINDOW_S) + 2 * WINDOW_S  # the next window's end
-        env = stack.services["beat"].env
-        settings = load_settings(env)
-        store = redis.Redis.from_url(settings.store_redis_url)
-        outcome = wait_loop_warm(store, "simulator", ("replica",), restarted, deadline - 5)
-        if outcome is None:  # say how far it got
-            print("replica warm-up not done:", store.hget(
-                "pw:loop:simulator:plans", "replica"), flush=True)  # fmt: skip
-
-        counted = sorted(key for key, requests in used.items() if requests >= 2)
-        results = {key: ask(url, key[0], "A first question after the deploy?", key[1])
-                   for key in counted}  # fmt: skip
-        answered = time.time()
-        served = [key for key, (cached, prompt) in results.items() if cached >= 0.5 * prompt]
-        share = len(served) / len(counted)
-        print(f"served from cache on first use after the restart: {len(served)}/{len(counted)} "
-              f"({share:.0%}); replica warm-up {outcome and outcome['planned']} items, "
-              f"started {outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
-              f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s)")  # fmt: skip
+        after = restart_and_ask(stack, url, used)
+        outcome, answered, deadline, share, results = after
         assert outcome is not None, stack.services["worker-ingest"].log_tail()
         assert answered <= deadline
         assert share >= 0.95, results

@@ -12,20 +12,21 @@ restart, and afterwards no file of shared state is under any service's folder.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from models.forecaster import SAVED_NAME
 from tasks.adapters.shared_store import shared_store
-from tasks.services.loop import window_start
 from tasks.settings import load_settings
-from tests.integration.processes import wait_loop_warm
 from tests.integration.s3_server import BUCKET, s3_endpoint
 from tests.integration.test_compose import LocalStack
-from tests.integration.test_compose_loop import HEALTHY_WITHIN_S, WINDOW_S, ask, send_traffic
+from tests.integration.test_compose_loop import (
+    HEALTHY_WITHIN_S,
+    WINDOW_S,
+    restart_and_ask,
+    send_traffic,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -67,31 +68,8 @@ def test_the_services_warm_a_restarted_simulator_with_state_in_a_bucket(tmp_path
             url = f"http://127.0.0.1:{sim.ports[8000]}"
             used = send_traffic(url)
 
-            sim.stop()  # a deploy: the same command starts a fresh replica on the same port
-            restarted = time.time()
-            sim.start()
-            deadline = window_start(restarted, WINDOW_S) + 2 * WINDOW_S  # the next window's end
-            settings = load_settings(stack.services["beat"].env)
-            assert settings.data_dir == data_dir
-            store = redis.Redis.from_url(settings.store_redis_url)
-            outcome = wait_loop_warm(store, "simulator", ("replica",), restarted, deadline - 5)
-            if outcome is None:  # say how far it got
-                print("replica warm-up not done:", store.hget(
-                    "pw:loop:simulator:plans", "replica"), flush=True)  # fmt: skip
-
-            counted = sorted(key for key, requests in used.items() if requests >= 2)
-            results = {key: ask(url, key[0], "A first question after the deploy?", key[1])
-                       for key in counted}  # fmt: skip
-            answered = time.time()
-            served = [key for key, (cached, prompt) in results.items() if cached >= 0.5 * prompt]
-            share = len(served) / len(counted)
-            print(f"served from cache on first use after the restart: {len(served)}/"
-                  f"{len(counted)} ({share:.0%}); replica warm-up "
-                  f"{outcome and outcome['planned']} items, started "
-                  f"{outcome and round(outcome['started'] - restarted, 1)}s after the restart; "
-                  f"answered {answered - restarted:.1f}s after it (window {WINDOW_S}s); "
-                  f"{outcome and outcome.get('forecast')}",
-                  flush=True)  # fmt: skip
+            assert load_settings(stack.services["beat"].env).data_dir == data_dir
+            outcome, answered, deadline, share, results = restart_and_ask(stack, url, used)
 
             keys = set(shared_store(data_dir).walk(""))
             print("bucket keys:", sorted(keys), flush=True)
