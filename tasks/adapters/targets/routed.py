@@ -24,6 +24,7 @@ from pipeline.chat_forms import chat_messages
 from pipeline.errors import PrewarmError
 from pipeline.planner.plan import WarmItem
 from tasks.adapters import fleet_state
+from tasks.adapters.engine_client import Completion
 from tasks.adapters.targets.base import BatchContext, ItemResult, RoutedFleet
 from tasks.adapters.targets.prefix import irreversible
 
@@ -83,14 +84,19 @@ def as_users_send(item: WarmItem) -> WarmItem:
     return replace(item, text=None, messages=messages, params=params, endpoint="chat")
 
 
+def _prime(item: WarmItem, routed: RoutedFleet) -> Completion:
+    """One request for ``item`` through the router, as its users send it."""
+    max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
+    sent = as_users_send(item) if routed.text_keyed else item
+    return routed.router.complete(sent, max_tokens=max_tokens)
+
+
 def _send(
     item: WarmItem, routed: RoutedFleet, result: ItemResult, before: dict[str, float | None]
 ) -> dict[str, float | None]:
     """Prime ``item`` through the router; returns the replicas' lookups after it."""
-    max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
-    sent = as_users_send(item) if routed.text_keyed else item
     try:
-        done = routed.router.complete(sent, max_tokens=max_tokens)
+        done = _prime(item, routed)
     except PrewarmError as exc:
         result.fail(str(exc))
         return routed.lookups()
@@ -117,10 +123,8 @@ def spread(
 
     def prime(pair: tuple[WarmItem, ItemResult]) -> str:
         item, result = pair
-        max_tokens = int(item.params.get("max_tokens", 1)) if item.kind == "shape" else 1
-        sent = as_users_send(item) if routed.text_keyed else item
         try:
-            return routed.router.complete(sent, max_tokens=max_tokens).request_id
+            return _prime(item, routed).request_id
         except PrewarmError as exc:
             result.fail(str(exc))
             return ""
