@@ -20,15 +20,20 @@ each fleet only (what every plan of the fleet's replicas held in turn before).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from pipeline.errors import PrewarmError
 from pipeline.fleet_roads import Road, road_note, road_of
 from pipeline.shared_prefixes import Detect, DetectedOnce, detect_prefixes
 from tasks.adapters.observations import Observations
 from tasks.settings import EngineSettings, Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,29 @@ def fleet_records(
         siblings = [name for name in replicas if name != engine.name]
         return FleetRecords(combined(settings.data_dir, siblings, own), note)
     return _window_records(settings.data_dir, fleet.name, replicas, window, note)
+
+
+def read_siblings_first(
+    settings: Settings, engine: EngineSettings, observe: Callable[[EngineSettings], object]
+) -> None:
+    """Before a warm-up of ``engine`` for another reason than the window, ``observe`` what is
+    new at the replicas whose records it combines, so that it plans from what they served until
+    now, not until their last window tick: a gated replica's start-up planned from its
+    siblings' last tick warmed 5 of the 8 templates they served (the rest had been served
+    since), and its users missed the other 3. A sibling that cannot be read now (another
+    process writes its observations) is left to its own tick."""
+    if engine.fleet is None:
+        return
+    fleet = settings.fleet(engine.fleet)
+    if road_of(fleet.policy) is not Road.EVERY_REPLICA and not fleet.gate:
+        return
+    for sibling in settings.replicas_of(fleet.name):
+        if sibling.name == engine.name:
+            continue
+        try:
+            observe(sibling)
+        except PrewarmError as exc:  # (its own warm-ups and ticks report it)
+            log.info("%s: %s not read first: %s", engine.name, sibling.name, exc)
 
 
 def _window_records(

@@ -52,7 +52,7 @@ from tasks.adapters.shared_store import SharedStoreUnavailable, counts_since, sh
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
-from tasks.services.fleet_records import fleet_records
+from tasks.services.fleet_records import fleet_records, read_siblings_first
 from tasks.services.planning import plan_request
 from tasks.services.rewarm import update_template_hotness
 from tasks.services.window_close import close_window
@@ -328,6 +328,8 @@ class WarmLoop:
 
     def _warm(self, engine: EngineSettings, outcome: Outcome) -> ObservationsSnapshot:
         snapshot, new = self.observe(engine)
+        if outcome.reason != PlanReason.WINDOW:
+            read_siblings_first(self.settings, engine, self.observe)
         answers = cache_answers(new.records, self.settings.schedule.window_s)
         telemetry.record_gateway(self.store, engine.name, answers, now=self.clock())
         outcome.observations = snapshot.version.to_dict()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from jobs.simulator import SimulatorConfig, SimulatorServer
 from tasks.adapters import gate_state
 from tasks.settings import load_settings
 from tests.integration.fleet_rig import Fleet
-from tests.integration.gate_rig import BALANCE_ON_LOAD, Users, cold_share
+from tests.integration.gate_rig import BALANCE_ON_LOAD, Users, cold_share, landed_on
 from tests.integration.test_compose import LocalStack
 from tests.integration.test_fleet_matrix import SERVICES
 
@@ -37,6 +38,9 @@ TEMPLATES, USES = 8, 2
 READY_WITHIN_S = 90.0
 #: the ungated replica watch looks every second too; its warm-up is given as long as the gate
 UNGATED_WAIT_S = 20.0
+#: once in, users are given this long to reach a replica eight times (a router balancing on
+#: load sends it a user only when the others are busier)
+REACHED_WITHIN_S = 20.0
 
 
 def settings_text(fleet: Fleet, gated: bool, urls: list[str]) -> str:
@@ -65,27 +69,31 @@ def router_workers(fleet: Fleet) -> list[str]:
     return sorted(httpx.get(f"{fleet.router.url}/list_workers", timeout=5).json()["urls"])
 
 
-def wait_admitted(store: redis.Redis, fleet: Fleet, replica: SimulatorServer, gated: bool) -> None:
+def wait_admitted(
+    store: redis.Redis, fleet: Fleet, replica: SimulatorServer, gated: bool, users: Users
+) -> None:
     """Until the gate admitted ``replica`` again after it came up (gated), or for as long as
-    the replica watch is given to warm it (ungated)."""
-    if not gated:
-        time.sleep(UNGATED_WAIT_S)
-        return
+    the replica watch is given to warm it (ungated); then until users reached it."""
     up, record = time.time(), None
-    deadline = time.monotonic() + READY_WITHIN_S
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + (UNGATED_WAIT_S if not gated else READY_WITHIN_S)
+    while gated and time.monotonic() < deadline:
         record = gate_state.load(store, fleet.name, fleet.replica_name(replica))
         admitted = record is not None and record.admits and (record.admitted or 0) > up
         if admitted and replica.url in router_workers(fleet):
-            time.sleep(3.0)  # (users reach it for a while)
+            break
+        time.sleep(0.5)
+    else:
+        assert not gated, f"{replica.url} not admitted in {READY_WITHIN_S}s: {record}"
+    reached = time.monotonic() + REACHED_WITHIN_S
+    while time.monotonic() < reached:
+        if len(landed_on(replica, [r for r in users.requests if r.sent > up])) >= 8:
             return
         time.sleep(0.5)
-    raise AssertionError(f"{replica.url} not admitted in {READY_WITHIN_S}s: {record}")
 
 
 def scenario(
     fleet: Fleet, stack: LocalStack, added: SimulatorServer, gated: bool
-) -> dict[str, dict[str, int]]:
+) -> dict[str, dict[str, Any]]:
     store = redis.Redis.from_url(load_settings(stack.services["beat"].env).store_redis_url)
     fleet.traffic(TEMPLATES, USES)
     users = Users(fleet, TEMPLATES).start()
@@ -96,24 +104,33 @@ def scenario(
         time.sleep(1.0)
         mark = len(users.requests)
         restarted.start()
-        wait_admitted(store, fleet, restarted, gated)
+        wait_admitted(store, fleet, restarted, gated, users)
         added.start()
         fleet.replicas.append(added)
         if not gated:  # the operator's scale-out: the router learns of it at once
             httpx.post(f"{fleet.router.url}/add_worker", params={"url": added.url}, timeout=60)
-        wait_admitted(store, fleet, added, gated)
+        wait_admitted(store, fleet, added, gated, users)
     finally:
         users.stop()
     after = users.requests[mark:]
-    counts = {name: cold_share([replica], after) for name, replica in
-              (("restarted", restarted), ("added", added))}  # fmt: skip
+    out: dict[str, dict[str, Any]] = {}
+    for name, replica in (("restarted", restarted), ("added", added)):
+        reached, cold = cold_share([replica], after)
+        out[name] = {"reached": reached, "cold": cold}
+        record = gate_state.load(store, fleet.name, fleet.replica_name(replica))
+        if cold and record is not None:  # when, against its admission, and what it held
+            out[name]["cold_at"] = [
+                (r.n, round(r.sent - (record.admitted or 0), 2), r.cached, r.prompt)
+                for r in landed_on(replica, after) if not r.from_cache
+            ]  # fmt: skip
+            out[name]["gate"] = (record.state.value, record.why, record.stages)
     if gated:
         states = {r.url: r.state.value for r in gate_state.fleet_records(store, fleet.name)}
         assert set(states.values()) == {"ready"}, states
-    return {name: {"reached": r, "cold": c} for name, (r, c) in counts.items()}
+    return out
 
 
-def run_case(tmp_path: Path, policy: str, gated: bool) -> dict[str, dict[str, int]]:
+def run_case(tmp_path: Path, policy: str, gated: bool) -> dict[str, dict[str, Any]]:
     fleet = Fleet(tmp_path / "fleet", policy, 2)
     if policy == "cache_aware":
         fleet.router.extra = (*fleet.router.extra, *BALANCE_ON_LOAD)

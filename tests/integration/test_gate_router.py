@@ -6,8 +6,10 @@ not. Both are printed per policy (``-s``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ from jobs.cmd_status import _gate_line
 from jobs.embedded import serve_app
 from jobs.simulator.cache import CacheLookup
 from tasks.adapters import gate_state
+from tasks.adapters.plan_store import PlanStore
 from tasks.services.status import loop_status
 from tests.integration.fleet_rig import FleetRig
 from tests.integration.gate_rig import GatedRig, balancing_on_load, scenario
@@ -139,3 +142,39 @@ def test_sglang_router_admits_a_gated_replica_only_once_warm(store, store_url, t
     assert set(states.values()) == {"ready"}, states
     assert gated["restarted"]["reached"] > 0 and gated["added"]["reached"] > 0, gated
     assert gated["restarted"]["cold"] == 0 and gated["added"]["cold"] == 0, gated
+
+
+def test_a_gated_start_up_plans_from_what_every_replica_served_until_now(
+    store, store_url, tmp_path
+):
+    """No window tick has read the users' history yet: a restarted replica's gated warm-up
+    reads its siblings' logs first, so its hot set has every template the fleet served — not
+    only those of the last tick (which warmed 5 of 8 under the services, and users missed 3)."""
+    rig = GatedRig(tmp_path, "cache_aware", 2, store, store_url)
+    try:
+        rig.start()
+        rig.traffic(TEMPLATES, 2)  # (each template's users on one replica: cache_aware)
+        served = {r: sum(f"Template {n}. " in Path(r.config.log_file).read_text()
+                         for n in range(TEMPLATES)) for r in rig.replicas}  # fmt: skip
+        replica = min(rig.replicas, key=served.__getitem__)  # the other served the most
+        replica.restart()
+        until = time.monotonic() + 30
+        record = None
+        while time.monotonic() < until:
+            rig.poll()
+            record = gate_state.load(store, rig.name, rig.replica_name(replica))
+            if record is not None and record.admits and record.plan_id is not None:
+                break
+            time.sleep(0.1)
+    finally:
+        rig.stop()
+    assert record is not None and record.state.value == "ready", record
+    assert record.plan_id is not None, f"nothing warmed: {record.why}"
+    plans = PlanStore(store)
+    texts = [
+        item.text or json.dumps(item.messages)
+        for batch in range(plans.report(record.plan_id)["batches"])
+        for item in plans.load_batch(record.plan_id, batch)[0]
+    ]
+    warmed = {n for n in range(TEMPLATES) for text in texts if f"Template {n}. " in text}
+    assert warmed == set(range(TEMPLATES)), (warmed, record.why)
