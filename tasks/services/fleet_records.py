@@ -72,6 +72,20 @@ def fleet_records(
     return _window_records(settings.data_dir, fleet.name, replicas, window, note)
 
 
+def record_siblings(
+    settings: Settings, engine: EngineSettings, window: str | None
+) -> list[EngineSettings]:
+    """The other replicas whose records (and KV-event holdings) ``engine``'s plan combines with
+    its own: every replica's where placement is spread, and for a gated replica's warm-up for
+    another reason than the window; none elsewhere."""
+    if engine.fleet is None:
+        return []
+    fleet = settings.fleet(engine.fleet)
+    if road_of(fleet.policy) is not Road.EVERY_REPLICA and not (fleet.gate and window is None):
+        return []
+    return [e for e in settings.replicas_of(fleet.name) if e.name != engine.name]
+
+
 def read_siblings_first(
     settings: Settings, engine: EngineSettings, observe: Callable[[EngineSettings], object]
 ) -> None:
@@ -81,14 +95,7 @@ def read_siblings_first(
     siblings' last tick warmed 5 of the 8 templates they served (the rest had been served
     since), and its users missed the other 3. A sibling that cannot be read now (another
     process writes its observations) is left to its own tick."""
-    if engine.fleet is None:
-        return
-    fleet = settings.fleet(engine.fleet)
-    if road_of(fleet.policy) is not Road.EVERY_REPLICA and not fleet.gate:
-        return
-    for sibling in settings.replicas_of(fleet.name):
-        if sibling.name == engine.name:
-            continue
+    for sibling in record_siblings(settings, engine, None):
         try:
             observe(sibling)
         except PrewarmError as exc:  # (its own warm-ups and ticks report it)

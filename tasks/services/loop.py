@@ -52,7 +52,7 @@ from tasks.adapters.shared_store import SharedStoreUnavailable, counts_since, sh
 from tasks.adapters.sources import NewData, read_new
 from tasks.adapters.store import Store
 from tasks.services import planning
-from tasks.services.fleet_records import fleet_records, read_siblings_first
+from tasks.services.fleet_records import fleet_records, read_siblings_first, record_siblings
 from tasks.services.planning import plan_request
 from tasks.services.rewarm import update_template_hotness
 from tasks.services.window_close import close_window
@@ -164,14 +164,21 @@ class WarmLoop:
             return None, None
         return counts_after(self.settings.data_dir, engine.name, self.state.kv_window(engine.name))
 
-    def kv_candidates(self, engine: EngineSettings) -> list[WarmItem]:
-        """The chains ``engine`` held, by its KV events (its follower's last snapshot), as
+    def kv_candidates(self, engine: EngineSettings, window: str | None) -> list[WarmItem]:
+        """The chains ``engine`` held, by its KV events (its follower's last snapshot), and
+        those of the replicas whose records its plan combines (:func:`record_siblings`), as
         candidates primed with their token ids: a replica that logs no prompts is planned for
-        from these."""
-        if self.settings.kv_events_of(engine.name) is None:
-            return []
-        loaded = load_holdings(self.settings.data_dir, engine.name)
-        return [] if loaded is None else restore_candidates(loaded[0], engine.model)
+        from these. (On real vLLM, a gated replica planned from its own held 5 of the 6
+        templates its fleet served, and a user of the sixth missed.)"""
+        names = [engine.name] + [e.name for e in record_siblings(self.settings, engine, window)]
+        found: dict[str, WarmItem] = {}
+        for name in names:
+            if self.settings.kv_events_of(name) is None:
+                continue
+            loaded = load_holdings(self.settings.data_dir, name)
+            held = [] if loaded is None else restore_candidates(loaded[0], engine.model)
+            found.update((item.key, item) for item in held if item.key not in found)
+        return list(found.values())
 
     def models(self, engine: EngineSettings) -> AbstractContextManager[Path]:
         """The engine's models folder for one warm-up (:mod:`tasks.adapters.model_shelf`)."""
@@ -233,7 +240,7 @@ class WarmLoop:
         records = fleet.records
         held: list[WarmItem] = []
         if records is None or records.empty:
-            held = self.kv_candidates(engine)  # a replica that logs no prompts: its KV events
+            held = self.kv_candidates(engine, window)  # logs no prompts: KV events
             if not held and (not replica or not engine.adapters):
                 return None
             records = records_frame([])  # nothing logged: its held chains, a replica's adapters
