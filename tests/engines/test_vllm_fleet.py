@@ -97,34 +97,24 @@ def _scenario(fleet: VllmFleet, name: str, step: Callable, store: Any, settings:
 
 @pytest.mark.parametrize("policy", ["cache_aware", "kv_aware"])
 def test_templates_served_from_cache_after_fleet_restarts(policy, fleet_ready, tmp_path):
-    from benchmarks.stack import prewarm_environment, running_worker
-    from tasks.adapters.kv_state import KvStateStore
     from tasks.settings import load_settings
     from tests.conftest import STORE_URL
 
     templates = _templates()
     fleet = VllmFleet(tmp_path, policy)
-    env = prewarm_environment(fleet.config)
-    env["PREWARM_DATA_DIR"] = str(tmp_path / "data")
+    env = fleet.environment()
     settings = load_settings(environ=env, config_path=fleet.config)
     store = redis.Redis.from_url(STORE_URL)
     started = time.monotonic()
     scenarios = []
-    try:
-        fleet.start_replicas()
-        fleet.router.start()
-        with running_worker(tmp_path / "worker.log", env), fleet.services(env):
-            states = [KvStateStore(store, r.name) for r in fleet.replicas]
-            wait_for(lambda: all(s.alive() for s in states), 120, "kv-events services alive")
-            fleet.traffic(templates, USES)
-            wait_for(lambda: sum(int(s.status().get("held", 0)) for s in states), 60, "events")
-            held = {s.engine: int(s.status().get("held", 0)) for s in states}
-            for name, step in (("a rolling restart", _rolling),
-                               ("b router and replicas", _everything)):  # fmt: skip
-                scenarios.append(_scenario(fleet, name, step, store, settings, templates))
-                print(scenarios[-1].row(policy, fleet.replicas), flush=True)
-    finally:
-        fleet.stop()
+    with fleet.running(env, store) as states:
+        fleet.traffic(templates, USES)
+        wait_for(lambda: sum(int(s.status().get("held", 0)) for s in states), 60, "events")
+        held = {s.engine: int(s.status().get("held", 0)) for s in states}
+        for name, step in (("a rolling restart", _rolling),
+                           ("b router and replicas", _everything)):  # fmt: skip
+            scenarios.append(_scenario(fleet, name, step, store, settings, templates))
+            print(scenarios[-1].row(policy, fleet.replicas), flush=True)
     logs = fleet.logs()
     numbers = {
         "policy": policy, "templates": TEMPLATES, "uses": USES, "blocks_held": held,

@@ -51,45 +51,34 @@ def served_by(url: str, send) -> tuple[bool, tuple[int, int]]:
 
 
 def test_a_restarted_replica_takes_users_only_once_warm(fleet_ready, tmp_path):  # noqa: F811
-    from benchmarks.stack import prewarm_environment, running_worker
     from tasks.adapters import gate_state
-    from tasks.adapters.kv_state import KvStateStore
     from tests.conftest import STORE_URL
 
     templates = _templates()
     fleet = VllmFleet(tmp_path, "power_of_two")
     fleet.config.write_text(gated(fleet.config.read_text()))
-    env = prewarm_environment(fleet.config)
-    env["PREWARM_DATA_DIR"] = str(tmp_path / "data")
     store = redis.Redis.from_url(STORE_URL)
     replica = fleet.replicas[0]
 
     def record():
         return gate_state.load(store, "fleet", replica.name)
 
-    try:
-        fleet.start_replicas()
-        fleet.router.start()
-        with running_worker(tmp_path / "worker.log", env), fleet.services(env):
-            states = [KvStateStore(store, r.name) for r in fleet.replicas]
-            wait_for(lambda: all(s.alive() for s in states), 120, "kv-events services alive")
-            wait_for(lambda: (r := record()) is not None and r.admits, 120, "first admission")
-            fleet.traffic(templates, USES)
-            wait_for(lambda: sum(int(s.status().get("held", 0)) for s in states), 60, "events")
-            replica.server.stop()
-            wait_for(lambda: (r := record()) is not None and not r.admits, 60, "seen down")
-            started = time.time()
-            replica.server.start()
-            ready = wait_for(
-                lambda: (r := record()) is not None and r.admits and (r.admitted or 0) > started
-                and r, DEADLINE_S, "the restarted replica admitted",
-            )  # fmt: skip
-            first = [
-                served_by(replica.url, lambda s=system, q=f"After {k} on {n}?": fleet.chat(s, q))
-                for k in range(USES) for n, system in enumerate(templates)
-            ]  # fmt: skip
-    finally:
-        fleet.stop()
+    with fleet.running(fleet.environment(), store) as states:
+        wait_for(lambda: (r := record()) is not None and r.admits, 120, "first admission")
+        fleet.traffic(templates, USES)
+        wait_for(lambda: sum(int(s.status().get("held", 0)) for s in states), 60, "events")
+        replica.server.stop()
+        wait_for(lambda: (r := record()) is not None and not r.admits, 60, "seen down")
+        started = time.time()
+        replica.server.start()
+        ready = wait_for(
+            lambda: (r := record()) is not None and r.admits and (r.admitted or 0) > started
+            and r, DEADLINE_S, "the restarted replica admitted",
+        )  # fmt: skip
+        first = [
+            served_by(replica.url, lambda s=system, q=f"After {k} on {n}?": fleet.chat(s, q))
+            for k in range(USES) for n, system in enumerate(templates)
+        ]  # fmt: skip
     landed = [(cached, prompt) for on_it, (cached, prompt) in first if on_it]
     numbers = {
         "state": ready.state.value, "why": ready.why,

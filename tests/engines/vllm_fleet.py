@@ -28,6 +28,7 @@ from benchmarks.engines.engine import CPU_BLOCK_TOKENS, SERVED_NAME
 from benchmarks.engines.kv_vllm import KvEventsVllmServer
 from jobs.embedded import free_port
 from tasks.adapters.engine_client import samples_from_text
+from tests.integration.processes import wait_for
 from tests.integration.router import RouterProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +167,32 @@ class VllmFleet:
         return "".join(r.server.log_path.read_text(errors="replace") for r in self.replicas)
 
     # --- prewarm as its services run ------------------------------------------------------------
+
+    def environment(self) -> dict[str, str]:
+        """A prewarm process's environment: the test databases, the fleet's settings, a data
+        folder of the test's."""
+        from benchmarks.stack import prewarm_environment
+
+        env = prewarm_environment(self.config)
+        env["PREWARM_DATA_DIR"] = str(self.tmp / "data")
+        return env
+
+    @contextmanager
+    def running(self, env: dict[str, str], store: Any) -> Iterator[list[Any]]:
+        """The replicas, the router, a Celery worker and prewarm's services up, every KV-event
+        follower alive (their states yielded); all stopped afterwards."""
+        from benchmarks.stack import running_worker
+        from tasks.adapters.kv_state import KvStateStore
+
+        try:
+            self.start_replicas()
+            self.router.start()
+            with running_worker(self.tmp / "worker.log", env), self.services(env):
+                states = [KvStateStore(store, r.name) for r in self.replicas]
+                wait_for(lambda: all(s.alive() for s in states), 120, "kv-events services alive")
+                yield states
+        finally:
+            self.stop()
 
     @contextmanager
     def services(self, env: dict[str, str]) -> Iterator[None]:
