@@ -180,6 +180,11 @@ def scenario(rig: FleetRig, templates: int, gated: bool, down_s: float = 1.0) ->
         watch_for(rig, 3.0)
         added = rig.add_replica() if isinstance(rig, GatedRig) else rig.scale_out()
         watch_for(rig, 6.0)
+        # a router balancing on load sends the new replica users only when the others are
+        # busier: on a loaded machine that can take longer than 6 s
+        until = time.monotonic() + 20.0
+        while time.monotonic() < until and len(landed_on(added, users.requests[mark:])) < 4:
+            watch_for(rig, 1.0)
     finally:
         users.stop()
     after = users.requests[mark:]
