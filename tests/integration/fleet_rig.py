@@ -147,9 +147,10 @@ class Fleet:
     #: templates whose users call ``/v1/completions`` with a text prompt (the rest chat)
     completions: frozenset[int] = frozenset()
 
-    def send(self, n: int, question: str) -> tuple[int, int]:
-        """One user's request on template ``n`` through the router — a chat, or a text prompt
-        for the templates in :attr:`completions`: (cached, prompt) tokens."""
+    def send(self, n: int, question: str, url: str | None = None) -> tuple[int, int]:
+        """One user's request on template ``n`` through the router (or straight to the replica
+        at ``url``) — a chat, or a text prompt for the templates in :attr:`completions`:
+        (cached, prompt) tokens."""
         if n in self.completions:
             route = "/v1/completions"
             body: dict[str, Any] = {"model": "sim-llm", "max_tokens": 2,
@@ -159,7 +160,7 @@ class Fleet:
             messages = [{"role": "system", "content": template(n, self.words)},
                         {"role": "user", "content": question}]  # fmt: skip
             body = {"model": "sim-llm", "messages": messages, "max_tokens": 2}
-        usage = httpx.post(f"{self.router.url}{route}", json=body, timeout=30)
+        usage = httpx.post(f"{url or self.router.url}{route}", json=body, timeout=30)
         usage.raise_for_status()
         data = usage.json()["usage"]
         return int(data["prompt_tokens_details"]["cached_tokens"]), int(data["prompt_tokens"])
