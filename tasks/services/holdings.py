@@ -10,7 +10,11 @@ item a batch verified is checked again on the replica it landed on — read from
 never through the router:
 
 - a prefix primed as token ids on a replica whose KV-cache events prewarm follows: its whole
-  chain is in the replica's held set (no request);
+  chain is in the replica's held set (no request). Where the events miss an item, every item of
+  the replica is probed instead: blocks stored before the follower saw the replica restart are
+  not in its held set, and a prime of what the engine already holds publishes nothing again
+  (on real vLLM a restarted gated replica held all six items of its plan by the engine's own
+  count, and one was never in its events: it was warmed again and again until its deadline);
 - any other: one probe at the replica's own URL (``max_tokens`` 1, prewarm's own request id, so
   the loop does not read it back as demand), which must find every whole block of the prompt
   cached (``cached_tokens``), in plan order, oldest prime first: a probe of an item still held
@@ -155,7 +159,10 @@ def check_replica(
 def _check_replica(
     engine: EngineSettings, store: Store, items: Sequence[WarmItem], found: Holdings
 ) -> None:
-    by_events = _by_events(engine, store, items)
+    events = _by_events(engine, store, items)
+    # the events' word where they hold every item they know; else the engine's, for all of them,
+    # in plan order (a probe of an item still held moves nothing out)
+    by_events = events if all(events.values()) else {}
     block = _block_size(engine) if len(by_events) < len(items) else None
     client = EngineClient(engine, timeout_s=PROBE_TIMEOUT_S, retry=RetryPolicy(attempts=2))
     down = ""
@@ -172,6 +179,8 @@ def _check_replica(
                 except EngineUnavailableError as exc:
                     down = f"the replica does not answer ({exc})"
                     held, why = False, down
+                if held is None and item.key in events:  # (no cached count: the events' word)
+                    held, why = events[item.key], "not in its KV events"
             row = found.unchecked if held is None else found.held if held else found.missing
             row.setdefault(engine.name, []).append(item.key)
             if held is False:

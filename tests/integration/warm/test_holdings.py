@@ -9,12 +9,21 @@ import time
 from pathlib import Path
 
 from jobs.simulator import SimulatorConfig, SimulatorServer
+from pipeline.kv_holdings import chain_content_keys
+from pipeline.planner.plan import WarmItem
 from tasks.adapters import redis_keys, replica_holdings
+from tasks.adapters.kv_state import KvStateStore
 from tasks.adapters.plan_store import PlanStore
 from tasks.adapters.targets.base import WarmOptions
 from tasks.services.batch_runner import BatchRunner
 from tasks.services.holdings import check_plan_holdings
-from tests.integration.warm.conftest import plan_of, prefix_item, settings_for, write_config
+from tests.integration.warm.conftest import (
+    MODEL,
+    plan_of,
+    prefix_item,
+    settings_for,
+    write_config,
+)
 
 
 def _warm(store, settings, items) -> str:
@@ -70,3 +79,30 @@ def test_a_replica_that_stopped_answering_holds_nothing_and_is_not_waited_for(tm
     assert (record["held"], record["not_held"]) == (0, 4), record
     assert all("does not answer" in why for why in record["failures"]), record
     assert time.monotonic() - started < 10, "one unanswered probe, not one per item"
+
+
+def test_an_item_the_engine_holds_that_its_events_miss_is_asked_of_the_engine(tmp_path, store):
+    # what a restarted replica's follower can show: blocks the engine stored before the follower
+    # saw the restart are not in its held set, and priming them again publishes nothing
+    items = [
+        WarmItem(
+            "prefix",
+            f"events-{n}",
+            MODEL,
+            text="",
+            tokens=96,
+            token_ids=tuple(range(n * 500 + 1, n * 500 + 97)),
+        )
+        for n in range(3)
+    ]
+    events = KvStateStore(store, "sim")
+    events.heartbeat({"block_size": 16}, ttl_s=60)
+    events.replace(chain_content_keys(items[0].token_ids or (), 16))  # the first item only
+    try:
+        with _engine(tmp_path, 4096) as sim:
+            settings = settings_for(write_config(tmp_path / "prewarm.toml", sim.url))
+            plan_id = _warm(store, settings, items)
+            record = check_plan_holdings(settings, store, plan_id)
+    finally:  # (no follower of "sim" is left for another test to trust)
+        store.delete(*(f"{redis_keys.KV}sim:{part}" for part in ("held", "status", "alive")))
+    assert (record["held"], record["not_held"]) == (3, 0), record
