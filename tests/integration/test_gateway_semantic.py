@@ -126,7 +126,7 @@ def proxy_config(engine_url: str, cache: str, redis_port: int, embed_url: str | 
                   f"      model: openai/{EMBED}", f"      api_base: {embed_url}",
                   "      api_key: none"]  # fmt: skip
     lines += ["litellm_settings:", "  cache: true", "  cache_params:",
-              f"    redis_url: redis://127.0.0.1:{redis_port}", "    ttl: 3600"]  # fmt: skip
+              "    host: 127.0.0.1", f"    port: {redis_port}", "    ttl: 3600"]  # fmt: skip
     if cache == "semantic":
         lines += ["    type: redis-semantic", f"    similarity_threshold: {THRESHOLD}",
                   f"    redis_semantic_cache_embedding_model: {EMBED}"]  # fmt: skip
