@@ -33,6 +33,7 @@ import pandas as pd
 
 from models.intents import IntentModel, forecast_intents
 from models.topics import PromptEmbedder
+from pipeline.errors import PrewarmError
 from pipeline.intents.collisions import Collision, first_collision
 from pipeline.intents.requests import IntentRequest, intent_requests, window_counts
 from pipeline.planner.plan import WarmItem
@@ -108,7 +109,12 @@ def intent_items(
                      "(no embedding_model configured)")  # fmt: skip
     items: list[WarmItem] = []
     for scoped in scopes.values():
-        found, said = _scope_items(gateway, scoped, window_s, embedder(), check)
+        try:
+            found, said = _scope_items(gateway, scoped, window_s, embedder(), check)
+        except PrewarmError as exc:  # no check, no warm-up: an unchecked entry may mislead
+            notes.append(f"intents of {gateway.name}: none warmed, the wrong-intent check "
+                         f"could not embed ({exc})")  # fmt: skip
+            continue
         items += found
         notes += said
     notes.append(f"intents of {gateway.name}: {len(items)} to warm from {len(requests)} requests")

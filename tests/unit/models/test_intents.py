@@ -14,7 +14,7 @@ import pytest
 
 from models.intents import IntentModel, IntentsNotFittedError, forecast_intents
 from models.topics import PromptEmbedder
-from pipeline.errors import BadInputError
+from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.intents.collisions import first_collision
 from pipeline.intents.requests import intent_requests, scope_of, semantic_text
 from tasks.services.intents import intent_items
@@ -187,3 +187,17 @@ def test_a_semantic_gateway_gets_its_frequent_intents_and_a_colliding_one_is_lef
     calls = encoder.calls
     intent_items(gateway(), records(rows), 60, embedder=lambda: embedder, checker=lambda g: None)
     assert encoder.calls == calls
+
+
+def test_a_gateway_that_cannot_embed_gets_no_unchecked_intent():
+    rows = [(w * 60 + n, "chat", chat(f"question {n}")) for w in range(2) for n in range(3)]
+    table = {f"question {n}": v for n, v in enumerate(directions(3, seed=6))}
+    embedder = PromptEmbedder(Table(table))
+
+    class Down:
+        def encode(self, sentences, **kwargs):
+            raise EngineUnavailableError("gateway edge /v1/embeddings: ConnectError")
+
+    items, notes = intent_items(gateway(), records(rows), 60, embedder=lambda: embedder,
+                                checker=lambda g: PromptEmbedder(Down()))  # fmt: skip
+    assert items == [] and any("could not embed" in n for n in notes)
