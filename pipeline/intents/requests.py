@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -36,6 +36,8 @@ class IntentRequest:
     text: str
     scope: str
     body: Mapping[str, Any]
+    #: whether the gateway's cache answered it (None: its log does not say)
+    hit: bool | None = None
 
 
 def semantic_text(endpoint: str, body: Mapping[str, Any]) -> str | None:
@@ -76,6 +78,21 @@ def intent_requests(records: pd.DataFrame) -> tuple[list[IntentRequest], Counter
     rejects: Counter[str] = Counter()
     if records.empty or "request_body" not in records.columns:
         return out, rejects
+    epoch = pd.Timestamp(0, tz="UTC")
+    seconds = (pd.to_datetime(records["ts"], utc=True) - epoch).dt.total_seconds()
+    hits = records["cache_hit"] if "cache_hit" in records.columns else [None] * len(records)
+    rows = zip(seconds, records["endpoint"], records["request_body"], hits, strict=True)
+    for ts, endpoint, raw, hit in rows:
+        endpoint = present(endpoint)
+        if endpoint not in ("chat", "completions") or present(raw) is None or pd.isna(ts):
+            continue
+        request, why = _request(float(ts), str(endpoint), str(raw))
+        if request is None:
+            rejects[why] += 1
+        else:
+            known = None if hit is None or pd.isna(hit) else bool(hit)
+            out.append(replace(request, hit=known))
+    return out, rejects
     seconds = (
         pd.to_datetime(records["ts"], utc=True) - pd.Timestamp(0, tz="UTC")
     ).dt.total_seconds()
@@ -118,3 +135,37 @@ def window_counts(
         per = out.setdefault(label, {})
         per[window] = per.get(window, 0) + 1
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class IntentWindow:
+    """One intent's requests in one window (Unix seconds of its start) and how many the
+    gateway's cache answered, by its log; ``label`` is its most representative prompt."""
+
+    gateway: str
+    intent: str
+    label: str
+    start: float
+    requests: int
+    hits: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gateway": self.gateway, "intent": self.intent, "label": self.label,
+                "requests": self.requests, "hits": self.hits}  # fmt: skip
+
+
+def intent_windows(
+    gateway: str, requests: Sequence[IntentRequest], labels: Sequence[str],
+    names: Mapping[str, str], window_s: int,
+) -> list[IntentWindow]:  # fmt: skip
+    """Requests and cache hits per intent (``labels``, one per request; ``names``: intent →
+    label) and window, of the requests whose log line says whether the cache answered."""
+    counts: dict[tuple[str, float], list[int]] = {}
+    for request, label in zip(requests, labels, strict=True):
+        if request.hit is None:
+            continue
+        cell = counts.setdefault((label, float(request.ts // window_s * window_s)), [0, 0])
+        cell[0] += 1
+        cell[1] += int(request.hit)
+    return [IntentWindow(gateway, intent, names.get(intent, intent), start, n, h)
+            for (intent, start), (n, h) in sorted(counts.items())]  # fmt: skip

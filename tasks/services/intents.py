@@ -35,7 +35,13 @@ from models.intents import IntentModel, forecast_intents
 from models.topics import PromptEmbedder
 from pipeline.errors import PrewarmError
 from pipeline.intents.collisions import Collision, first_collision
-from pipeline.intents.requests import IntentRequest, intent_requests, window_counts
+from pipeline.intents.requests import (
+    IntentRequest,
+    IntentWindow,
+    intent_requests,
+    intent_windows,
+    window_counts,
+)
 from pipeline.planner.plan import WarmItem
 from pipeline.prefix_blocks import count_tokens
 from tasks.adapters.embedder import shared_embedder
@@ -89,6 +95,16 @@ def gateway_embedder(gateway: GatewaySettings) -> PromptEmbedder | None:
     return _GATEWAY_EMBEDDERS[key]
 
 
+@dataclass
+class Intents:
+    """What a semantic gateway's log gave: items to warm, the plan's notes, and each intent's
+    requests and cache hits per window (for the report)."""
+
+    items: list[WarmItem]
+    notes: list[str]
+    windows: list[IntentWindow]
+
+
 def intent_items(
     gateway: GatewaySettings,
     records: pd.DataFrame,
@@ -98,6 +114,18 @@ def intent_items(
 ) -> tuple[list[WarmItem], list[str]]:
     """The gateway's frequent intents as ``intent`` items, and the plan's notes (see the
     module docstring); ``records`` are its clients' (prewarm's own left out)."""
+    found = find_intents(gateway, records, window_s, embedder, checker)
+    return found.items, found.notes
+
+
+def find_intents(
+    gateway: GatewaySettings,
+    records: pd.DataFrame,
+    window_s: int,
+    embedder: Callable[[], PromptEmbedder] = shared_embedder,
+    checker: Callable[[GatewaySettings], PromptEmbedder | None] = gateway_embedder,
+) -> Intents:
+    """:func:`intent_items`, with each intent's requests and hits per window."""
     requests, rejects = intent_requests(records)
     notes = [f"intents of {gateway.name}: rejected {dict(rejects)}"] if rejects else []
     scopes: dict[str, list[IntentRequest]] = defaultdict(list)
@@ -107,18 +135,16 @@ def intent_items(
     if check is None and scopes:
         notes.append(f"intents of {gateway.name}: collisions checked with prewarm's embedder "
                      "(no embedding_model configured)")  # fmt: skip
-    items: list[WarmItem] = []
+    out = Intents([], notes, [])
     for scoped in scopes.values():
         try:
-            found, said = _scope_items(gateway, scoped, window_s, embedder(), check)
+            _scope_items(gateway, scoped, window_s, embedder(), check, out)
         except PrewarmError as exc:  # no check, no warm-up: an unchecked entry may mislead
             notes.append(f"intents of {gateway.name}: none warmed, the wrong-intent check "
                          f"could not embed ({exc})")  # fmt: skip
-            continue
-        items += found
-        notes += said
-    notes.append(f"intents of {gateway.name}: {len(items)} to warm from {len(requests)} requests")
-    return items, notes
+    notes.append(f"intents of {gateway.name}: {len(out.items)} to warm from {len(requests)} "
+                 "requests")  # fmt: skip
+    return out
 
 
 def _scope_items(
@@ -127,7 +153,8 @@ def _scope_items(
     window_s: int,
     embedder: PromptEmbedder,
     check: PromptEmbedder | None,
-) -> tuple[list[WarmItem], list[str]]:
+    out: Intents,
+) -> None:
     texts = sorted({r.text for r in requests})
     index = {t: n for n, t in enumerate(texts)}
     uses = np.bincount([index[r.text] for r in requests], minlength=len(texts)).astype(float)
@@ -140,22 +167,24 @@ def _scope_items(
     per_window = window_counts([r.ts for r in requests], [labels[index[r.text]] for r in requests],
                                window_s)  # fmt: skip
     predicted = forecast_intents(per_window, window_s)
+    names = {keys[k]: texts[members[0]][:80] for k, members in enumerate(order)}
+    by_request = [labels[index[r.text]] for r in requests]
+    out.windows += intent_windows(gateway.name, requests, by_request, names, window_s)
     checked = check.embed(texts) if check is not None else vectors
     others = [(labels[n], t) for n, t in enumerate(texts)]
     bodies = {r.text: r.body for r in requests}
-    items, notes = [], []
     for k, members in enumerate(order):
         used = int(uses[members].sum())
         if used < gateway.min_count:
             continue
         chosen, collision = _representative(keys[k], members, checked, others, gateway)
         if chosen is None:
-            notes.append(collision.note(gateway.similarity_threshold) if collision else "")
+            if collision is not None:
+                out.notes.append(collision.note(gateway.similarity_threshold))
             continue
         probes = _probes(keys[k], checked[chosen], checked, others, bodies, gateway.probes)
-        items.append(_item(gateway, keys[k], requests, texts[chosen], bodies[texts[chosen]],
-                           predicted.get(keys[k], float(used)), probes))  # fmt: skip
-    return items, [n for n in notes if n]
+        out.items.append(_item(gateway, keys[k], requests, texts[chosen], bodies[texts[chosen]],
+                               predicted.get(keys[k], float(used)), probes))  # fmt: skip
 
 
 def _representative(

@@ -251,10 +251,15 @@ class WarmLoop:
         request = replace(plan_request(self.settings, engine.name, shapes=replica),
                           newest_since=since)  # fmt: skip
         extra = configured_adapters(engine) if replica else []
-        gateway_items, gateway_notes = planning.gateway_candidates_noted(
+        gateway_items, gateway_notes, intent_windows = planning.gateway_candidates_noted(
             self.settings, engine.name, records
         )
         extra += gateway_items
+        if window is not None:  # a window tick: the semantic gateways' last closed window
+            closed = pd.Timestamp(window).timestamp() - self.settings.schedule.window_s
+            telemetry.record_intents(self.store, engine.name,
+                                     [w for w in intent_windows if w.start == closed],
+                                     now=self.clock())  # fmt: skip
         plan = planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine,
             models_root=root,
