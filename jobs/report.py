@@ -59,6 +59,8 @@ class ReportData:
     windows: list[WindowOutcome] = field(default_factory=list)
     #: what the engine's gateways answered from their cache, per window of requests
     gateway: list[dict[str, Any]] = field(default_factory=list)
+    #: a semantic gateway's requests and cache hits per intent and window
+    intents: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_events(
@@ -66,7 +68,8 @@ class ReportData:
     ) -> ReportData:
         data = cls(engine, since, until)
         lists = {"sample": data.samples, "plan": data.plans, "batch": data.batches,
-                 "restart": data.restarts, "gateway": data.gateway}  # fmt: skip
+                 "restart": data.restarts, "gateway": data.gateway,
+                 "intent": data.intents}  # fmt: skip
         for event in events:
             if event["kind"] == "window":
                 data.windows.append(WindowOutcome.from_dict(event))
@@ -320,6 +323,26 @@ def before_after(data: ReportData) -> list[dict[str, Any]]:
     return rows
 
 
+def intent_shares(data: ReportData) -> list[dict[str, Any]]:
+    """Per intent of a semantic gateway, the share of its requests the gateway's cache answered
+    before the last window recorded (the windows before the latest warm-up) and in it; the
+    busiest intents first."""
+    if not data.intents:
+        return []
+    last = max(e["ts"] for e in data.intents)
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in data.intents:
+        row = rows.setdefault(
+            (event["gateway"], event["intent"]),
+            {"gateway": event["gateway"], "label": event["label"], "before": [], "after": []},
+        )
+        row["after" if event["ts"] == last else "before"].append(event)
+    out = [{**r, "requests": sum(int(e["requests"]) for e in r["before"] + r["after"]),
+            "before": gateway_share(r["before"]), "after": gateway_share(r["after"])}
+           for r in rows.values()]  # fmt: skip
+    return sorted(out, key=lambda r: -r["requests"])
+
+
 def totals(data: ReportData) -> dict[str, Any]:
     """Headline numbers of the period."""
     requests = sum(w.requests for w in data.windows)
@@ -373,6 +396,7 @@ def render(data: ReportData, now: float | None = None) -> str:
     stamp = "%Y-%m-%d %H:%M:%S"
     return page().render(
         d=data, t=totals(data), plots=plots, around=before_after(data), top=top_items(data),
+        intents=intent_shares(data),
         csp=CSP, pct=_pct, ms=_ms, since=_when(data.since).strftime(stamp),
         until=_when(data.until).strftime(stamp),
         now=_when(time.time() if now is None else now).strftime(stamp),

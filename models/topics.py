@@ -92,14 +92,23 @@ def prompt_tail(text: str, chars: int = TAIL_CHARS) -> str:
 
 class PromptEmbedder:
     """Unit-length embeddings of prompt tails, in batches, kept by prompt hash (LRU of
-    ``max_cached`` vectors: 384 float32 each, 1.5 KiB, so 20,000 hold 30 MiB)."""
+    ``max_cached`` vectors: 384 float32 each, 1.5 KiB, so 20,000 hold 30 MiB). The worker's
+    one instance (:func:`tasks.adapters.embedder.shared_embedder`) serves the topic-drift
+    trigger and the intents of semantic gateways alike."""
 
     def __init__(
-        self, encoder: TextEncoder, batch_size: int = 32, max_cached: int = 20_000
+        self,
+        encoder: TextEncoder,
+        batch_size: int = 32,
+        max_cached: int = 20_000,
+        tail_chars: int | None = TAIL_CHARS,
     ) -> None:
         self.encoder = encoder
         self.batch_size = batch_size
         self.max_cached = max_cached
+        #: characters of a prompt's end that are embedded (None: the whole text, as a
+        #: gateway embeds it)
+        self.tail_chars = tail_chars
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self.encoded = 0  # prompts sent to the model so far (the rest came from the cache)
 
@@ -109,7 +118,7 @@ class PromptEmbedder:
     def embed(self, prompts: Sequence[str]) -> np.ndarray:
         """Embeddings (len(prompts), 384) of the prompts' tails, unit length."""
         keys = [prompt_hash(p) for p in prompts]
-        todo = {k: prompt_tail(p) for k, p in zip(keys, prompts, strict=True)
+        todo = {k: self._text(p) for k, p in zip(keys, prompts, strict=True)
                 if k not in self._vectors}  # fmt: skip
         if todo:
             vectors = self.encoder.encode(
@@ -126,6 +135,9 @@ class PromptEmbedder:
         while len(self._vectors) > self.max_cached:
             self._vectors.popitem(last=False)
         return out
+
+    def _text(self, prompt: str) -> str:
+        return prompt if self.tail_chars is None else prompt_tail(prompt, self.tail_chars)
 
 
 class TopicModel:

@@ -167,3 +167,12 @@ def test_store_requests_compares_a_folder_and_s3_per_tick_and_engine(private_red
         assert (row["http_requests"] is None) == (backend == "local"), row
     # flat per engine as engines are added
     assert rows[("s3", 2)]["requests"] == rows[("s3", 1)]["requests"]
+
+
+def test_intents_embeds_groups_and_answers_unseen_paraphrases():
+    rows = last_json(smoke("intents.py"))
+    assert {r["method"] for r in rows} == {"threshold", "kmeans"}
+    for row in rows:
+        assert row["prompts"] == 300 and 0 < row["distinct"] <= 300
+        assert row["entries"] > 0 and row["asked"] > 0
+        assert 0.0 <= row["hit_share"] <= 1.0 and row["wrong"] >= 0

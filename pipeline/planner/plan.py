@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.errors import BadInputError
 from pipeline.planner.reasons import PlanReason, plan_reason
 
-ITEM_KINDS = ("prefix", "response", "embedding", "adapter", "shape")
+ITEM_KINDS = ("prefix", "response", "embedding", "adapter", "shape", "intent")
 #: Request fields an item may carry; model, prompt and URL are never taken from a plan.
 ITEM_PARAMS = frozenset({
     "cache_salt", "add_special_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
@@ -46,7 +46,8 @@ class WarmItem:
     ``parent`` is the key of the shorter prefix this one extends (priming it warms the parent's
     blocks too), when it has one. ``gateway`` names the gateway (``[[gateways]]``) whose cache
     holds a response or embedding item, and ``request`` is the request its clients send it,
-    sent again as it is (the gateway keys its cache on it).
+    sent again as it is (the gateway keys its cache on it). An ``intent`` is a frequent
+    meaning of a semantic gateway's requests, warmed with one representative ``request``.
     """
 
     kind: str
@@ -68,6 +69,9 @@ class WarmItem:
     parent: str | None = None
     gateway: str | None = None
     request: Mapping[str, Any] | None = None
+    #: an ``intent`` item's probes: other intents' logged requests, sent after it is warmed,
+    #: which its entry must not answer
+    probes: tuple[Mapping[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ITEM_KINDS:
@@ -88,6 +92,7 @@ class WarmItem:
         data["messages"] = [dict(m) for m in self.messages] if self.messages else None
         data["params"] = dict(self.params)
         data["request"] = dict(self.request) if self.request is not None else None
+        data["probes"] = [dict(p) for p in self.probes] if self.probes is not None else None
         return data
 
     @classmethod
@@ -102,6 +107,8 @@ class WarmItem:
             values["messages"] = tuple(dict(m) for m in values["messages"])
         if values.get("token_ids") is not None:
             values["token_ids"] = tuple(values["token_ids"])
+        if values.get("probes") is not None:
+            values["probes"] = tuple(dict(p) for p in values["probes"])
         try:
             return cls(**values)
         except TypeError as exc:

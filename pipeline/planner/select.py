@@ -54,7 +54,7 @@ def score_item(
         return saved * weight - cost.warm_cost_weight * cost.request_overhead_s
     cached = budget.cached_tokens(item) if budget is not None else item.tokens
     saved_per_hit = cached * cost.prefill_s_per_token
-    if item.kind == "response":  # a cached answer saves the decode too
+    if item.kind in ("response", "intent"):  # a cached answer saves the decode too
         saved_per_hit += int(item.params.get("max_tokens", 16)) * cost.decode_s_per_token
     return item.predicted_hits * saved_per_hit * weight - cost.warm_cost_weight * warm_cost_s(
         item, cost

@@ -44,6 +44,9 @@ class GatewayAnswer:
 
     request_id: str
     cache_key: str | None
+    #: the answer's ``id``: an answer from a cache carries the id of the answer it stored, so
+    #: it names the entry that answered
+    response_id: str | None = None
 
 
 class GatewayError(BadInputError):
@@ -68,14 +71,59 @@ class GatewayClient:
     def close(self) -> None:
         self.http.close()
 
-    def send(self, endpoint: str, body: Mapping[str, Any]) -> GatewayAnswer:
-        """Send ``body`` to ``endpoint``'s route as a client would."""
+    def send(self, endpoint: str, body: Mapping[str, Any], *, store: bool = True) -> GatewayAnswer:
+        """Send ``body`` to ``endpoint``'s route as a client would; with ``store`` False the
+        gateway may answer from its cache but keeps nothing of this request (LiteLLM's
+        per-request ``cache: {"no-store": true}``, outside its cache key)."""
         route = _ROUTES.get(endpoint)
         if route is None:
             raise BadInputError(f"no gateway route for endpoint {endpoint!r}", where="endpoint")
         request_id = own_request_id(uuid.uuid4().hex)
-        response = self._post(route, dict(body), {"X-Request-Id": request_id})
-        return GatewayAnswer(request_id, response.headers.get(CACHE_KEY_HEADER) or None)
+        sent = dict(body) if store else {**body, "cache": {"no-store": True}}
+        response = self._post(route, sent, {"X-Request-Id": request_id})
+        return GatewayAnswer(request_id, response.headers.get(CACHE_KEY_HEADER) or None,
+                             _answer_id(response))  # fmt: skip
+
+    def embed(self, model: str, texts: Sequence[str]) -> list[list[float]]:
+        """The gateway's embeddings of ``texts`` by its model group ``model`` (nothing stored
+        or read in its cache)."""
+        body = {"model": model, "input": list(texts), "cache": {"no-store": True, "no-cache": True}}
+        request_id = own_request_id(uuid.uuid4().hex)
+        response = self._post(_ROUTES["embeddings"], body, {"X-Request-Id": request_id})
+        try:
+            data = sorted(response.json()["data"], key=lambda d: d["index"])
+            vectors = [list(map(float, d["embedding"])) for d in data]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GatewayError(f"embeddings answer not understood: {exc}",
+                               where=f"gateway {self.gateway.name}") from exc  # fmt: skip
+        if len(vectors) != len(texts):
+            raise GatewayError(f"{len(vectors)} embeddings for {len(texts)} inputs",
+                               where=f"gateway {self.gateway.name}")  # fmt: skip
+        return vectors
+
+    def semantic_entry(self, prompt: str, response_id: str) -> str | None:
+        """The Redis key of the semantic cache's entry for ``prompt`` whose stored answer has
+        ``response_id`` (RedisVL hashes under the index's name), or None."""
+        if self.cache is None:
+            return None
+        match = f"{self.gateway.semantic_index}:*"
+        try:
+            for key in self.cache.scan_iter(match=match, count=1000):
+                stored, answer = (_text(v) for v in self.cache.hmget(key, ["prompt", "response"]))
+                if stored == prompt and answer is not None and response_id in answer:
+                    return _text(key)
+        except redis.RedisError as exc:
+            raise EngineUnavailableError(f"gateway {self.gateway.name} cache: {exc}") from exc
+        return None
+
+    def delete_entries(self, keys: Sequence[str]) -> None:
+        """Delete entries from the Redis the gateway caches in (a semantic cache's entries
+        have no key of LiteLLM's that its ``/cache/delete`` could name)."""
+        if keys and self.cache is not None:
+            try:
+                self.cache.delete(*keys)
+            except redis.RedisError as exc:
+                raise EngineUnavailableError(f"gateway {self.gateway.name} cache: {exc}") from exc
 
     def stored_ttl_s(self, key: str) -> int | None:
         """Seconds the entry ``key`` has left in the Redis the gateway caches in (-1: no
@@ -107,6 +155,21 @@ class GatewayClient:
         if response.status_code >= 400:
             raise GatewayError(response.text[:200], where=where)
         return response
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _answer_id(response: httpx.Response) -> str | None:
+    try:
+        value = response.json()
+    except ValueError:
+        return None
+    answer = value.get("id") if isinstance(value, dict) else None
+    return str(answer) if answer else None
 
 
 class GatewayLog:

@@ -251,7 +251,15 @@ class WarmLoop:
         request = replace(plan_request(self.settings, engine.name, shapes=replica),
                           newest_since=since)  # fmt: skip
         extra = configured_adapters(engine) if replica else []
-        extra += planning.gateway_candidates(self.settings, engine.name, records)
+        gateway_items, gateway_notes, intent_windows = planning.gateway_candidates_noted(
+            self.settings, engine.name, records
+        )
+        extra += gateway_items
+        if window is not None:  # a window tick: the semantic gateways' last closed window
+            closed = pd.Timestamp(window).timestamp() - self.settings.schedule.window_s
+            telemetry.record_intents(self.store, engine.name,
+                                     [w for w in intent_windows if w.start == closed],
+                                     now=self.clock())  # fmt: skip
         plan = planning.plan_for(
             records, request, reason=reason, windows=counts, engine=engine,
             models_root=root,
@@ -261,6 +269,7 @@ class WarmLoop:
         )  # fmt: skip
         notes = [fleet.note] if fleet.note else []
         notes += [f"candidates: {len(held)} chains held by its KV events"] if held else []
+        notes += gateway_notes
         return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
     def key_drift(

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.errors import BadInputError, PrewarmError
+from pipeline.intents.requests import IntentWindow
 from pipeline.own_requests import own_mask
 from pipeline.planner.candidates import PlanRequest, candidates, plan_from_candidates
 from pipeline.planner.gateway import gateway_items
@@ -164,15 +165,40 @@ def plan_request(
 def gateway_candidates(
     settings: Settings, engine_name: str, records: pd.DataFrame
 ) -> list[WarmItem]:
-    """Candidates for the caches of the gateways in front of ``engine_name``: the requests in
-    its gateway request log (``[[sources]] kind = "litellm"``) that clients repeat with
-    deterministic parameters, and the embeddings inputs they reuse (prewarm's own requests
-    left out)."""
+    """Candidates for the caches of the gateways in front of ``engine_name``
+    (:func:`gateway_candidates_noted`, less its notes)."""
+    return gateway_candidates_noted(settings, engine_name, records)[0]
+
+
+def gateway_candidates_noted(
+    settings: Settings, engine_name: str, records: pd.DataFrame
+) -> tuple[list[WarmItem], list[str], list[IntentWindow]]:
+    """Candidates for the caches of the gateways in front of ``engine_name`` and notes for the
+    plan. From its gateway request log (``[[sources]] kind = "litellm"``, prewarm's own
+    requests left out): for an exact cache the requests clients repeat with deterministic
+    parameters and the embeddings inputs they reuse; for a semantic cache the frequent
+    intents (:mod:`tasks.services.intents`), with what the wrong-intent check found and each
+    intent's requests and cache hits per window."""
     gateways = settings.gateways_of(engine_name)
     if not gateways or records.empty:
-        return []
+        return [], [], []
     users = records[~own_mask(records)]
-    return [item for g in gateways for item in gateway_items(users, g.name, g.min_count)]
+    items: list[WarmItem] = []
+    notes: list[str] = []
+    windows: list[IntentWindow] = []
+    for gateway in gateways:
+        if gateway.cache == "semantic":
+            # Imported here: intents load scikit-learn and the embedder torch, which a loop
+            # without a semantic gateway never needs.
+            from tasks.services.intents import find_intents
+
+            found = find_intents(gateway, users, settings.schedule.window_s)
+            items += found.items
+            notes += found.notes
+            windows += found.windows
+        else:
+            items += gateway_items(users, gateway.name, gateway.min_count)
+    return items, notes, windows
 
 
 def usable_cache_tokens(engine: EngineSettings) -> int | None:

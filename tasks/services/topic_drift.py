@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from models.persistence import ModelMismatchError, load_model, save_model
-from models.topics import PromptEmbedder, TopicModel, load_minilm, prompt_hash
+from models.topics import PromptEmbedder, TopicModel, prompt_hash
 from pipeline.topic_drift import TopicDriftRule, topic_drift_event
 from pipeline.triggers import TriggerEvent
+from tasks.adapters.embedder import shared_embedder
 from tasks.adapters.observations import models_root
 from tasks.adapters.topic_history import TopicHistory
 from tasks.settings import Settings
@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 
 #: Where an engine's topic model is saved under its models root.
 TOPICS_NAME = "topics"
-
-
-@lru_cache(maxsize=1)
-def shared_embedder() -> PromptEmbedder:
-    """The worker process's embedder: the model is loaded once per process (seconds), and its
-    cache of embeddings lives as long as the process."""
-    return PromptEmbedder(load_minilm())
 
 
 def window_samples(records: pd.DataFrame, window_s: int, per_window: int) -> dict[float, list[str]]:

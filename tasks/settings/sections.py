@@ -201,7 +201,8 @@ class GatewaySettings(_Section):
     set them in the proxy's ``cache_params``. ``engine`` names the engine whose traffic it
     fronts (its ``[[sources]] kind = "litellm"`` log feeds that engine's loop); the loop warms
     the requests asked at least ``min_count`` times with deterministic parameters, and the
-    embeddings inputs used as often, through the proxy."""
+    embeddings inputs used as often, through the proxy. A ``semantic`` cache is warmed by
+    intent instead (``docs/pages/semantic.md``)."""
 
     name: str
     kind: Literal["litellm"] = "litellm"
@@ -213,6 +214,18 @@ class GatewaySettings(_Section):
     ttl_s: int | None = Field(None, ge=1)
     min_count: int = Field(2, ge=1)
     timeout_s: float = Field(30.0, gt=0)
+    #: ``exact`` (LiteLLM's ``redis`` cache: repeated requests) or ``semantic`` (its
+    #: ``redis-semantic`` cache: frequent intents, by meaning)
+    cache: Literal["exact", "semantic"] = "exact"
+    #: the proxy's ``similarity_threshold`` (a semantic cache answers at this cosine or more)
+    similarity_threshold: float = Field(0.9, gt=0, le=1)
+    #: the proxy's ``redis_semantic_cache_embedding_model`` (a model group of the proxy):
+    #: the collision check embeds through the gateway with it
+    embedding_model: str | None = None
+    #: the proxy's ``redis_semantic_cache_index_name`` (where its entries are found to undo)
+    semantic_index: str = "litellm_semantic_cache_index"
+    #: other intents' prompts sent after warming an intent, which must not hit its entry
+    probes: int = Field(3, ge=0)
 
     @field_validator("url")
     @classmethod

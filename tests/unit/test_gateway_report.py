@@ -58,3 +58,25 @@ def test_the_gateways_answers_are_metrics_and_history(store):
     assert sorted((e["ts"], e["requests"], e["hits"]) for e in events) == [
         (600.0, 4, 1), (1200.0, 6, 6), (1200.0, 6, 6)
     ]  # fmt: skip
+
+
+def test_a_semantic_gateways_intents_are_shown_before_and_in_the_last_window():
+    from jobs.report import intent_shares
+    from pipeline.intents.requests import IntentRequest, intent_windows
+
+    def asked(ts: float, hit: bool | None) -> IntentRequest:
+        return IntentRequest(ts, "chat", "q", "{}", {}, hit)
+
+    requests = [asked(0, False), asked(10, True), asked(70, True), asked(80, None), asked(5, True)]
+    windows = intent_windows("edge", requests, ["a", "a", "a", "a", "b"],
+                             {"a": "How do I reset my password?"}, 60)  # fmt: skip
+    assert [(w.intent, w.start, w.requests, w.hits) for w in windows] == [
+        ("a", 0.0, 2, 1), ("a", 60.0, 1, 1), ("b", 0.0, 1, 1)]  # fmt: skip
+    events = [_event("intent", w.start, **w.to_dict(), read=1) for w in windows]
+    data = ReportData.from_events("e", 0, 300, events)
+    rows = intent_shares(data)
+    assert [(r["label"], r["requests"], r["before"], r["after"]) for r in rows] == [
+        ("How do I reset my password?", 3, 0.5, 1.0), ("b", 1, 1.0, None)]  # fmt: skip
+    page = render(data, now=300)
+    assert "each intent answered from the cache" in page and "reset my password" in page
+    assert "each intent answered" not in render(ReportData.from_events("e", 0, 300, []), 300)

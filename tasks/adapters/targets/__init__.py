@@ -2,8 +2,8 @@
 
 Consecutive items of one kind form a run; runs are applied in plan order (an engine's LRU keeps
 what was primed last), then verified. Responses and embeddings are a gateway's
-(:mod:`.gateway`). :func:`undo_for` gives the compensating calls the WAL needs to roll a batch
-back.
+(:mod:`.gateway`), intents a semantic gateway's (:mod:`.semantic`). :func:`undo_for` gives the
+compensating calls the WAL needs to roll a batch back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.engine_client import EngineClient
 from tasks.adapters.gateway_client import GatewayClient
-from tasks.adapters.targets import adapter, gateway, prefix, routed
+from tasks.adapters.targets import adapter, gateway, prefix, routed, semantic
 from tasks.adapters.targets.base import BatchContext, ItemResult, WarmOptions
 
 Apply = Callable[[Sequence[WarmItem], BatchContext], list[ItemResult]]
@@ -27,6 +27,7 @@ TARGETS: dict[str, tuple[Apply, Verify]] = {
     "shape": (prefix.apply, prefix.verify),
     "response": (gateway.apply, gateway.verify),
     "embedding": (gateway.apply, gateway.verify),
+    "intent": (semantic.apply, semantic.verify),
     "adapter": (adapter.apply, adapter.verify),
 }
 
@@ -73,9 +74,10 @@ def undo_for(
     """The compensating call of every target's effects: a gateway entry's delete, an adapter's
     unload."""
     gateway_undo, engine_undo = gateway.undo_for(gateways), adapter.undo_for(engine)
+    semantic_undo = semantic.undo_for(gateways)
 
     def undo(effect: Effect) -> None:
-        if not gateway_undo(effect):
+        if not gateway_undo(effect) and not semantic_undo(effect):
             engine_undo(effect)
 
     return undo

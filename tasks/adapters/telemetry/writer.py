@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from pipeline.gate import GateState
+from pipeline.intents.requests import IntentWindow
 from pipeline.planner.plan import WarmItem, WarmPlan
 from pipeline.triggers import EngineSample, bucket_delta, histogram_quantile, interval_hit_rate
 from pipeline.window_outcome import WindowOutcome, window_outcome
@@ -218,6 +219,21 @@ def record_gateway(
         for start, n, cached in windows:
             data = {"requests": n, "hits": cached, "read": now}  # (two reads of one window)
             _history(pipe, engine, "gateway", start, data, trim=True)
+        pipe.execute()
+
+
+def record_intents(
+    store: redis.Redis, engine: str, windows: Sequence[IntentWindow], now: float | None = None
+) -> None:
+    """A semantic gateway's requests and cache hits per intent in a closed window; the
+    report's per-intent before/after reads these events."""
+    if not windows:
+        return
+    now = time.time() if now is None else now
+    with store.pipeline(transaction=False) as pipe:
+        for window in windows:
+            _history(pipe, engine, "intent", window.start, {**window.to_dict(), "read": now},
+                     trim=True)  # fmt: skip
         pipe.execute()
 
 
