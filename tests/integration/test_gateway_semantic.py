@@ -42,7 +42,8 @@ from tests.conftest import worker_env
 from tests.integration.litellm_proxy import MASTER_KEY, LitellmProxy, litellm_command
 from tests.integration.semantic_servers import EmbeddingsServer, VectorRedis, with_redisvl
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+#: a first run makes the servers' environments (pip: several minutes) before its 6 minutes of test
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 WINDOW_S = 20
 THRESHOLD = 0.85
