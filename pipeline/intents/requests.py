@@ -93,21 +93,6 @@ def intent_requests(records: pd.DataFrame) -> tuple[list[IntentRequest], Counter
             known = None if hit is None or pd.isna(hit) else bool(hit)
             out.append(replace(request, hit=known))
     return out, rejects
-    seconds = (
-        pd.to_datetime(records["ts"], utc=True) - pd.Timestamp(0, tz="UTC")
-    ).dt.total_seconds()
-    for ts, endpoint, raw in zip(
-        seconds, records["endpoint"], records["request_body"], strict=True
-    ):
-        endpoint = present(endpoint)
-        if endpoint not in ("chat", "completions") or present(raw) is None or pd.isna(ts):
-            continue
-        request, why = _request(float(ts), str(endpoint), str(raw))
-        if request is None:
-            rejects[why] += 1
-        else:
-            out.append(request)
-    return out, rejects
 
 
 def _request(ts: float, endpoint: str, raw: str) -> tuple[IntentRequest | None, str]:

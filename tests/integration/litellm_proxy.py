@@ -25,6 +25,7 @@ import redis
 
 from jobs.embedded import EmbeddedRedis, free_port
 from tests.conftest import REPO_ROOT
+from tests.integration.processes import stop_process
 
 MASTER_KEY = "sk-prewarm-test"
 
@@ -153,10 +154,46 @@ class LitellmProxy:
         return response.raise_for_status()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self._out.close()
+
+
+def gateway_settings(
+    path: Path, data_dir: Path, window_s: int, sim_url: str, proxy: LitellmProxy,
+    cache_url: str, gateway: str,
+) -> Path:  # fmt: skip
+    """prewarm's settings at ``path``: the simulator at ``sim_url`` whose source is the proxy's
+    request log, and the proxy as its gateway ``edge`` (``gateway``: the entry's further lines)."""
+    path.write_text(f"""
+data_dir = "{data_dir}"
+
+[schedule]
+window_s = {window_s}
+
+[budget]
+max_items = 200
+
+[[engines]]
+name = "sim"
+url = "{sim_url}"
+model = "sim-llm"
+kind = "simulator"
+cache_tokens = 65536
+cache_block_tokens = 16
+
+[[sources]]
+engine = "sim"
+kind = "litellm"
+path = "{proxy.log_path}"
+
+[[gateways]]
+name = "edge"
+kind = "litellm"
+url = "{proxy.url}"
+key = "{MASTER_KEY}"
+engine = "sim"
+cache_url = "{cache_url}"
+ttl_s = 3600
+{gateway}
+""")
+    return path

@@ -23,6 +23,18 @@ def prewarm_script() -> str:
     return shutil.which("prewarm") or str(Path(sys.executable).with_name("prewarm"))
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Terminate ``proc`` and wait for it; killed when it outlives ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """Block until ``url`` answers (any status); fail if ``proc`` dies or time runs out."""
     deadline = time.monotonic() + timeout_s

