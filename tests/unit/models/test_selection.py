@@ -202,9 +202,9 @@ KINDS = ("ewma", "recency_blend", "lightgbm_median_blend", "tiered_calibrated")
 def test_the_selected_model_ranks_at_the_last_origin_as_its_backtest_scored_it(
     moving, monkeypatch, name
 ):
-    from models import selection
+    from models.selection import forecaster
 
-    monkeypatch.setattr(selection, "choose", lambda backtest: name)  # this kind wins
+    monkeypatch.setattr(forecaster, "choose", lambda backtest: name)  # this kind wins
     selected = SelectedForecaster((2, 5), backtest=12, short_history=0).fit(moving)
     assert selected.winner_name_ == name
     backtest, t = selected.backtest_, selected.plan_.last_t
