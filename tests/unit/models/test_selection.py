@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -255,20 +256,19 @@ def test_a_short_history_ranks_as_the_best_baselines_with_calibrated_counts_and_
     assert "short history" not in longer.note_
 
 
-def test_each_budget_of_a_short_history_is_ranked_by_the_simplest_baseline_within_the_noise():
-    best = [[9, 9, 9, 9], [9, 9, 9, 9]]
-    close = [[8, 10, 8, 9], [8, 10, 8, 9]]  # behind by 1 in all, SE 1.9: within the noise
-    far = [[8, 10, 8, 9], [5, 5, 5, 5]]  # and behind by 4 at every origin at the second
+def test_each_budget_of_a_short_history_is_ranked_by_the_best_overall_baseline_within_the_noise():
+    best, noisy = [9, 9, 9, 9], [8, 10, 8, 9]  # behind by 1 in all, SE 1.9: within the noise
     errors = {"last_window": STEADY, "moving_average": [2.0] * 4, "ewma": [1.5] * 4}
-    enough = {"last_window": 10, "moving_average": 10, "ewma": 10}
-    table = _backtest({"last_window": far, "moving_average": best, "ewma": best}, errors)
-    tiers = baseline_tiers(table, (0, 1), enough)
-    assert tiers == (("last_window", "moving_average"), "last_window")
-    table = _backtest({"last_window": close, "moving_average": best, "ewma": best}, errors)
-    assert baseline_tiers(table, (0, 1), enough)[0] == ("last_window", "last_window")
-    # Scoring no item above zero, the last window cannot rank the second budget's one item.
-    few = {**enough, "last_window": 0}
-    assert baseline_tiers(table, (0, 1), few)[0] == ("last_window", "moving_average")
+    table = replace(_backtest({"last_window": [noisy, [5] * 4], "moving_average": [best, [8] * 4],
+                               "ewma": [noisy, best]}, errors),
+                    budgets=("10 items", "20 items"))  # fmt: skip
+    deep = {"last_window": 50, "moving_average": 50, "ewma": 50}
+    # At 10 items all three are within the noise of the moving average: the EWMA, the best over
+    # both budgets, ranks it, not the last window (the simplest, far behind at 20 items).
+    assert baseline_tiers(table, (10, 20), deep) == (("ewma", "ewma"), "last_window")
+    # Scoring 15 items above zero, the EWMA cannot rank twice 10; at 20 it is the best outright.
+    shallow = {**deep, "ewma": 15}
+    assert baseline_tiers(table, (10, 20), shallow) == (("moving_average", "ewma"), "last_window")
 
 
 def test_the_winner_is_saved_with_its_table_and_loads_to_predict_the_same(tmp_path, moving):
