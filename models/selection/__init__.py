@@ -60,6 +60,11 @@ With too little history for LightGBM to learn from (fewer than ``min_learning_wi
 before the first origin, or too few origins after them) only the baselines, blends and tiered
 rankings compete, and the report says so. The tiered rankings need item budgets (token budgets
 alone: they do not compete) and add their own backtest on the same origins (simple models only).
+
+The modules: :mod:`models.selection.rules` (the candidates and the rules of the choice),
+:mod:`models.selection.candidates` (the tiered rankings and a short history's baseline tiers,
+joined to the backtest), :mod:`models.selection.forecaster` (:class:`SelectedForecaster`) and
+:mod:`models.selection.saved` (the saved winner and its report); this package exports them.
 """
 
 from models.selection.candidates import with_calibrated, with_tiered
