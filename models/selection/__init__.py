@@ -41,9 +41,9 @@ The choice (:func:`choose`) generalises rather than chases the backtest's luck:
 On a short history (fewer than ``short_history`` windows: where prewarm starts on every new
 engine) the backtest's few origins cannot vouch for anything learned: LightGBM does not compete,
 and the winner ranks each item budget as the baseline the backtest cannot tell apart from the
-best one there (of those within half a point or one standard error of it, the best over every
-budget, among those that score at least that many items above zero at the last origin: the
-last window cannot rank the thousandth block of a window that saw 300), one baseline where one
+best one there (the simplest within half a point of it, of those that score at least twice
+that many items above zero at the last origin: the last window cannot rank the thousandth
+block of a window that saw 300), one baseline where one
 holds at every budget, with counts calibrated as the tiered rankings' are (:func:`baseline_tiers`,
 :func:`with_calibrated`). On the generated shared-heads traces in 1-minute windows, an
 uncalibrated baseline's MAE went up to 10% over the lowest baseline's on later windows, and
