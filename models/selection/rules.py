@@ -41,7 +41,7 @@ MAX_TIER_ORIGINS = 96
 #: Refit blocks the backtest's span is cut into at most before the last origin (each refits
 #: every candidate), and the last origin's own.
 MAX_REFITS = 8
-#: A short history's tier goes to a baseline within the noise of the best only where it scores
+#: A short history's tier goes to a baseline within half a point of the best only where it scores
 #: this many times the budget's items above zero at the last origin (past those it ranks by
 #: position); a shallower one must be the best. On a shared-heads trace in 1-minute windows a
 #: moving average 0.1 point behind the EWMA at 1,000 blocks, scoring 1,034 blocks at the origin,
