@@ -12,12 +12,14 @@ the history oracle is at least the best baseline's minus one point and two stand
 their paired difference across the held-out windows, and its MAE at most 2% above the lowest
 baseline MAE (as ``prewarm evaluate`` and ``benchmarks/forecast_eval.py`` check it). Printed per
 trace: the margin over the best baseline per budget with its standard error, the MAE ratio,
-whether it holds, and the winner of each refit; then how many traces hold.
+whether it holds, and the winner of each refit; then how many traces hold, and a closing table
+of every trace and budget: margin, its standard error, the bound it must clear, the MAE ratio
+and whether the property holds (``--window 1min,5min,10min`` runs each seed in each window).
 
 Usage::
 
     python benchmarks/selection_corpus.py [--regime conversations|heads] [--seeds 9-20]
-        [--window 5min] [--budgets 20,100,1000] [--minutes M] [--rate R] [--heads 12]
+        [--window 1min,5min,10min] [--budgets 20,100,1000] [--minutes M] [--rate R] [--heads 12]
         [--refit-every 12] [--trace conversation_trace.jsonl] [--json F]
 
 The conversations default to an hour at the public trace's ~200 requests a minute and its
@@ -149,6 +151,18 @@ def run(
     return results
 
 
+def closing_table(results: list[dict[str, Any]]) -> list[str]:
+    """One line per trace, window and budget: margin and its standard error (points of the
+    history oracle), the bound, the MAE ratio, and whether the property holds there."""
+    lines = ["trace  window  budget       margin     SE   bound  MAE ratio  holds"]
+    for result in results:
+        for row in result["margins"]:
+            lines.append(f"{result['trace']:>5}  {result['window']:>6}  {row['budget']:>10}  "
+                         f"{row['margin']:+7.2f}  {row['se']:5.2f}  {row['bound']:+6.2f}  "
+                         f"{row['mae_ratio']:9.3f}  {'yes' if row['holds'] else 'NO'}")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--regime", choices=sorted(BUDGETS), default="conversations")
@@ -163,16 +177,21 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     budgets = args.budgets or BUDGETS[args.regime]
-    if args.trace is not None:
-        counts = item_window_counts(read_mooncake(args.trace), args.window)
-        results = [report(args.trace.name, counts, args.refit_every, budgets, args.window)]
-    else:
-        shape = shape_of(args.regime, args.minutes, args.rate, args.heads, args.window)
-        results = run(shape, args.seeds, args.refit_every, budgets, args.window)
+    results = []
+    for window in args.window.split(","):
+        if args.trace is not None:
+            counts = item_window_counts(read_mooncake(args.trace), window)
+            results.append(report(args.trace.name, counts, args.refit_every, budgets, window))
+        else:
+            shape = shape_of(args.regime, args.minutes, args.rate, args.heads, window)
+            results.extend(run(shape, args.seeds, args.refit_every, budgets, window))
+        if args.json:  # what ran so far, should a long run be stopped
+            args.json.write_text(json.dumps(results, indent=2, default=str))
     held = sum(not result["broken"] for result in results)
     print(f"the property holds on {held} of {len(results)} traces")
+    print("\n".join(closing_table(results)))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -394,7 +394,8 @@ def held_out_margins(steps: pd.DataFrame, model: str, baselines: Collection[str]
     ``se`` (the standard error of that margin from the window-by-window difference in captured
     requests, in points), ``bound`` (the least margin the property allows: minus one point and
     two standard errors), ``mae_ratio`` to the lowest baseline MAE, and whether each part and
-    the whole property hold."""
+    the whole property hold. A ``model`` or no baseline missing from ``steps`` is bad input."""
+    _check_margins_input(steps, model, baselines)
     rows = []
     for budget, part in steps.groupby("budget", sort=False):
         captured = part.pivot_table(index="t", columns="model", values="captured", sort=True)
@@ -414,3 +415,16 @@ def held_out_margins(steps: pd.DataFrame, model: str, baselines: Collection[str]
                      "mae_baseline": lowest, "mae_ok": ratio <= 1 + MAE_SLACK})  # fmt: skip
     table = pd.DataFrame(rows)
     return table.assign(holds=table["share_ok"] & table["mae_ok"])
+
+
+def _check_margins_input(steps: pd.DataFrame, model: str, baselines: Collection[str]) -> None:
+    missing = [c for c in ("budget", "t", "model", "captured", "history_oracle", "abs_error",
+                           "n_scored") if c not in steps.columns]  # fmt: skip
+    if missing:
+        raise BadInputError(f"missing column(s) {', '.join(missing)}", where="steps")
+    models = set(steps["model"])
+    if model not in models:
+        raise BadInputError(f"no steps of {model!r} to compare", where="steps.model")
+    if not models.intersection(baselines):
+        raise BadInputError(f"none of the baselines {sorted(baselines)} in the steps",
+                            where="steps.model")  # fmt: skip

@@ -80,6 +80,7 @@ def test_forecast_eval_judges_the_selected_model(tmp_path):
     models = {row["model"] for row in case["table"]}
     assert {"selected", "lightgbm", "ewma"} <= models, models
     assert {row["budget"] for row in case["done_when"]} == {"100 items", "1000 items"}
+    assert case["selection_cpu_s"] > 0
 
 
 def test_kv_decode_bench_decodes_the_captured_stream_without_rejects():

@@ -8,7 +8,13 @@ import pytest
 
 from models.baselines import LastWindow, MovingAverage
 from pipeline.errors import BadInputError
-from pipeline.evaluation import CountMatrix, WalkForwardConfig, coarsen_counts, walk_forward
+from pipeline.evaluation import (
+    CountMatrix,
+    WalkForwardConfig,
+    coarsen_counts,
+    held_out_margins,
+    walk_forward,
+)
 from tests.unit.models.series import counts_from_matrix
 
 # item 0 steady, item 1 bursts in window 1 only, item 2 appears in window 2, item 3 new at 3.
@@ -127,3 +133,44 @@ def test_timing_columns_become_grids_and_recency_features():
     assert (depth["a"], depth["b"]) == (0, 1)
     untimed = features_at(plain, 0, np.arange(plain.n_items))
     assert np.isnan(untimed[:, FEATURE_NAMES.index("recency")]).all()
+
+
+def _steps(captured: dict[str, list[float]], abs_error: dict[str, float]) -> pd.DataFrame:
+    """Steps of one budget over as many windows as ``captured`` has values, a history oracle of
+    10 each; ``abs_error[model]`` a window over 10 items."""
+    return pd.DataFrame(
+        [{"budget": "5 items", "t": t, "model": model, "captured": value,
+          "history_oracle": 10.0, "abs_error": abs_error[model], "n_scored": 10}
+         for model, values in captured.items() for t, value in enumerate(values)]
+    )  # fmt: skip
+
+
+def test_the_held_out_margin_is_stated_in_the_noise_of_the_paired_difference():
+    errors = {"selected": 10.0, "ewma": 15.0, "last_window": 10.0}
+    steps = _steps({"selected": [7, 7, 6], "ewma": [8, 6, 7], "last_window": [5, 5, 5]}, errors)
+    row = held_out_margins(steps, "selected", ["ewma", "last_window"]).iloc[0]
+    # Against the EWMA (21 of 30): -1 of 30 is -3.33 points; the differences -1, 1, -1 have a
+    # standard deviation of 1.155, sqrt(3) of it over 30 is 6.67 points; the bound -(1 + 13.33).
+    assert row["baseline"] == "ewma" and row["mae_baseline"] == "last_window"
+    assert row["margin"] == pytest.approx(-100 / 30)
+    assert row["se"] == pytest.approx(200 / 30)
+    assert row["bound"] == pytest.approx(-(1 + 400 / 30))
+    assert row["share_ok"] and row["mae_ratio"] == pytest.approx(1.0) and row["holds"]
+    # Behind at every window by 6 to 8 of 10: far outside its noise.
+    lost = _steps({"selected": [0, 0, 0], "ewma": [8, 6, 7], "last_window": [5, 5, 5]}, errors)
+    row = held_out_margins(lost, "selected", ["ewma", "last_window"]).iloc[0]
+    assert row["margin"] == pytest.approx(-70.0) and not row["share_ok"] and not row["holds"]
+    # The MAE 2% above the lowest baseline's breaks it too, whatever the share.
+    worse = _steps({"selected": [8, 6, 7], "ewma": [8, 6, 7]}, {"selected": 10.3, "ewma": 10.0})
+    row = held_out_margins(worse, "selected", ["ewma"]).iloc[0]
+    assert row["share_ok"] and not row["mae_ok"] and not row["holds"]
+
+
+def test_held_out_margins_need_the_model_and_a_baseline():
+    steps = _steps({"selected": [1, 2], "ewma": [2, 2]}, {"selected": 1.0, "ewma": 1.0})
+    with pytest.raises(BadInputError, match="no steps of 'lightgbm'"):
+        held_out_margins(steps, "lightgbm", ["ewma"])
+    with pytest.raises(BadInputError, match="none of the baselines"):
+        held_out_margins(steps, "selected", ["moving_average"])
+    with pytest.raises(BadInputError, match="missing column"):
+        held_out_margins(steps.drop(columns="captured"), "selected", ["ewma"])
