@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from models.backtest import Backtest, BacktestPlan, run_backtest
 from models.baselines import HotnessModel, simple_models
@@ -23,8 +23,16 @@ from models.selection.rules import (
 from models.tiered import TieredRanking, tier_rankers
 from pipeline.evaluation import CountMatrix
 
-if TYPE_CHECKING:
-    from models.selection.forecaster import SelectedForecaster
+
+class Selection(Protocol):
+    """What the candidates read of the selection that scores them (a
+    :class:`models.selection.forecaster.SelectedForecaster` being fitted)."""
+
+    budgets: tuple[int, ...]
+    budget_tokens: tuple[int, ...]
+    horizon: int
+    metric: str
+    daily_: bool
 
 
 def with_calibrated(
@@ -32,7 +40,7 @@ def with_calibrated(
     models: dict[str, HotnessModel],
     scored: Backtest,
     plan: BacktestPlan,
-    selected: SelectedForecaster,
+    selected: Selection,
 ) -> tuple[dict[str, HotnessModel], Backtest, str]:
     """The candidates and their backtest with the baselines' own tiers under calibrated counts
     (:func:`baseline_tiers`, a :class:`models.tiered.TieredRanking`; named
@@ -58,7 +66,7 @@ def with_tiered(
     models: dict[str, HotnessModel],
     scored: Backtest,
     plan: BacktestPlan,
-    selected: SelectedForecaster,
+    selected: Selection,
     rankers: Backtest | None = None,
 ) -> tuple[dict[str, HotnessModel], Backtest]:
     """The candidates and their backtest with the tiered rankings (:data:`TIERED`) scored on the
