@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 import redis
 
 from jobs.embedded import EmbeddedRedis, free_port
+from tasks.services.status import loop_status
 from tests.conftest import REPO_ROOT
 from tests.integration.processes import stop_process
 
@@ -197,3 +199,17 @@ ttl_s = 3600
 {gateway}
 """)
     return path
+
+
+def wait_for_tick_after(store, settings, since: float, timeout_s: float = 150.0) -> dict:
+    """The first tick of a window starting at or after ``since`` whose plan has finished."""
+    deadline = time.monotonic() + timeout_s
+    tick: dict = {}
+    while time.monotonic() < deadline:
+        tick = loop_status(settings, store)["engines"][0]["last_tick"] or {}
+        window = tick.get("window")
+        started = pd.Timestamp(window).timestamp() if window else 0.0
+        if started >= since and tick.get("done"):
+            return tick
+        time.sleep(0.5)
+    raise AssertionError(f"no finished tick after {since}: {tick}")

@@ -27,13 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from jobs.embedded import WorkerProcess
 from jobs.simulator import SimulatorConfig, SimulatorServer
 from tasks.adapters.store import store_client
-from tasks.services.status import loop_status
 from tasks.settings import load_settings
 from tests.conftest import worker_env
 from tests.integration.litellm_proxy import (
@@ -41,6 +39,7 @@ from tests.integration.litellm_proxy import (
     LitellmProxy,
     gateway_settings,
     proxy_config,
+    wait_for_tick_after,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -98,19 +97,6 @@ def start_beat(folder: Path, env: dict[str, str]) -> subprocess.Popen:
         [sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
         env=env, cwd=folder, stdout=log, stderr=log,
     )  # fmt: skip
-
-
-def wait_for_tick_after(store, settings, since: float, timeout_s: float = 90.0) -> dict:
-    """The first tick of a window starting at or after ``since`` whose plan has finished."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        tick = loop_status(settings, store)["engines"][0]["last_tick"] or {}
-        window = tick.get("window")
-        started = pd.Timestamp(window).timestamp() if window else 0.0
-        if started >= since and tick.get("done"):
-            return tick
-        time.sleep(0.5)
-    raise AssertionError(f"no finished tick after {since}: {tick}")
 
 
 def log_lines(path: Path) -> dict[str, dict]:

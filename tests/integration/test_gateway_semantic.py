@@ -44,6 +44,7 @@ from tests.integration.litellm_proxy import (
     LitellmProxy,
     gateway_settings,
     litellm_command,
+    wait_for_tick_after,
 )
 from tests.integration.semantic_servers import EmbeddingsServer, VectorRedis, with_redisvl
 
@@ -160,20 +161,6 @@ def start_beat(folder: Path, env: dict[str, str]) -> subprocess.Popen:
     log = (folder / "beat.log").open("ab")
     return subprocess.Popen([sys.executable, "-c", "from jobs.cli import main; main(['beat'])"],
                             env=env, cwd=folder, stdout=log, stderr=log)  # fmt: skip
-
-
-def wait_for_tick_after(store, settings, since: float, timeout_s: float = 150.0) -> dict:
-    """The first tick of a window starting at or after ``since`` whose plan has finished."""
-    deadline = time.monotonic() + timeout_s
-    tick: dict = {}
-    while time.monotonic() < deadline:
-        tick = loop_status(settings, store)["engines"][0]["last_tick"] or {}
-        window = tick.get("window")
-        started = pd.Timestamp(window).timestamp() if window else 0.0
-        if started >= since and tick.get("done"):
-            return tick
-        time.sleep(0.5)
-    raise AssertionError(f"no finished tick after {since}: {tick}")
 
 
 def entries(redis_client, cache: str) -> dict[str, str]:

@@ -58,16 +58,29 @@ def send_recorded(
     return answer
 
 
-def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
-    """Send each item's request through its gateway, the intent recorded first."""
+def send_each(
+    items: Sequence[WarmItem], ctx: BatchContext, what: str,
+    keep: Callable[[ItemResult, GatewayAnswer], None],
+) -> list[ItemResult]:  # fmt: skip
+    """:func:`send_recorded` for every item, ``keep`` taking what each answer leaves to undo
+    or verify."""
     results = []
     for item in items:
         result = ItemResult(item.key, item.kind)
         results.append(result)
-        answer = send_recorded(item, ctx, result, "request")
+        answer = send_recorded(item, ctx, result, what)
         if answer is not None:
-            result.gateway_key = answer.cache_key
+            keep(result, answer)
     return results
+
+
+def _keep_cache_key(result: ItemResult, answer: GatewayAnswer) -> None:
+    result.gateway_key = answer.cache_key
+
+
+def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
+    """Send each item's request through its gateway, the intent recorded first."""
+    return send_each(items, ctx, "request", _keep_cache_key)
 
 
 def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:

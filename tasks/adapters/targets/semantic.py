@@ -25,9 +25,9 @@ from pipeline.errors import PrewarmError
 from pipeline.intents.requests import semantic_text
 from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
-from tasks.adapters.gateway_client import GatewayClient
+from tasks.adapters.gateway_client import GatewayAnswer, GatewayClient
 from tasks.adapters.targets.base import BatchContext, ItemResult
-from tasks.adapters.targets.gateway import send_recorded
+from tasks.adapters.targets.gateway import send_each
 
 DELETE = "semantic_delete"
 #: repeats of a request before its entry must answer it (LiteLLM stores an answer after
@@ -36,17 +36,14 @@ VERIFY_ATTEMPTS = 30
 VERIFY_PAUSE_S = 0.1
 
 
+def _keep_answer_id(result: ItemResult, answer: GatewayAnswer) -> None:
+    result.value = answer.response_id
+
+
 def apply(items: Sequence[WarmItem], ctx: BatchContext) -> list[ItemResult]:
-    """Send each intent's representative through its gateway, the intent recorded first."""
-    results = []
-    for item in items:
-        result = ItemResult(item.key, item.kind)
-        results.append(result)
-        # (answered from the cache at once: an entry within the threshold was there already)
-        answer = send_recorded(item, ctx, result, "intent")
-        if answer is not None:
-            result.value = answer.response_id
-    return results
+    """Send each intent's representative through its gateway, the intent recorded first (one
+    answered from the cache at once: an entry within the threshold was there already)."""
+    return send_each(items, ctx, "intent", _keep_answer_id)
 
 
 def verify(items: Sequence[WarmItem], results: Sequence[ItemResult], ctx: BatchContext) -> None:
