@@ -162,16 +162,25 @@ def _stored(item: WarmItem, result: ItemResult, ctx: BatchContext, answer: Gatew
                            undo, item.key)])  # fmt: skip
 
 
-def undo_for(clients: Mapping[str, GatewayClient]) -> Callable[[Effect], bool]:
-    """The compensating call for this target's effects (True when it handled ``effect``)."""
+def undo_deleting(
+    clients: Mapping[str, GatewayClient], op: str,
+    delete: Callable[[GatewayClient, list[str]], object],
+) -> Callable[[Effect], bool]:  # fmt: skip
+    """The compensating call of effects whose undo is ``op``: ``delete`` the keys it names from
+    its gateway (True when it handled the effect)."""
 
     def undo(effect: Effect) -> bool:
         spec = effect.undo or {}
-        if spec.get("op") != DELETE:
+        if spec.get("op") != op:
             return False
         client = clients.get(str(spec.get("gateway")))
         if client is not None:
-            client.delete([str(k) for k in spec.get("keys") or ()])
+            delete(client, [str(k) for k in spec.get("keys") or ()])
         return True
 
     return undo
+
+
+def undo_for(clients: Mapping[str, GatewayClient]) -> Callable[[Effect], bool]:
+    """The compensating call for this target's effects (True when it handled ``effect``)."""
+    return undo_deleting(clients, DELETE, GatewayClient.delete)

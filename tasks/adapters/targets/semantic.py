@@ -27,7 +27,7 @@ from pipeline.planner.plan import WarmItem
 from pipeline.wal import Effect
 from tasks.adapters.gateway_client import GatewayAnswer, GatewayClient
 from tasks.adapters.targets.base import BatchContext, ItemResult
-from tasks.adapters.targets.gateway import send_each
+from tasks.adapters.targets.gateway import send_each, undo_deleting
 
 DELETE = "semantic_delete"
 #: repeats of a request before its entry must answer it (LiteLLM stores an answer after
@@ -123,14 +123,4 @@ def _probe(item: WarmItem, result: ItemResult, client: GatewayClient) -> None:
 
 def undo_for(clients: Mapping[str, GatewayClient]) -> Callable[[Effect], bool]:
     """The compensating call for this target's effects (True when it handled ``effect``)."""
-
-    def undo(effect: Effect) -> bool:
-        spec = effect.undo or {}
-        if spec.get("op") != DELETE:
-            return False
-        client = clients.get(str(spec.get("gateway")))
-        if client is not None:
-            client.delete_entries([str(k) for k in spec.get("keys") or ()])
-        return True
-
-    return undo
+    return undo_deleting(clients, DELETE, GatewayClient.delete_entries)
