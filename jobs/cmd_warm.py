@@ -53,7 +53,12 @@ def build_plan_from(
     from tasks.adapters.model_shelf import checked_out
     from tasks.adapters.store import store_client
     from tasks.services.fleets import fleet_settings
-    from tasks.services.planning import gateway_candidates, plan_for, plan_request, read_records
+    from tasks.services.planning import (
+        gateway_candidates_noted,
+        plan_for,
+        plan_request,
+        read_records,
+    )
 
     settings = fleet_settings(current_settings(), store_client(current_settings()))
     with (
@@ -66,10 +71,12 @@ def build_plan_from(
             max_tokens=budget_tokens, batch_size=batch_size, shapes=shapes,
         )  # fmt: skip
         engine_settings = settings.engine(request.engine)
-        return plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
+        gateway_items, notes, _ = gateway_candidates_noted(settings, request.engine, records)
+        plan = plan_for(records, request, reason="cli", windows=windows, forecast=forecast,
                         engine=engine_settings, models_root=root,
                         min_windows=settings.loop.min_windows_for_model,
-                        extra=gateway_candidates(settings, request.engine, records))  # fmt: skip
+                        extra=gateway_items)  # fmt: skip
+        return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 def _plan_table(plan: WarmPlan, limit: int = 20) -> Table:

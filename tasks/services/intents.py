@@ -105,19 +105,6 @@ class Intents:
     windows: list[IntentWindow]
 
 
-def intent_items(
-    gateway: GatewaySettings,
-    records: pd.DataFrame,
-    window_s: int,
-    embedder: Callable[[], PromptEmbedder] = shared_embedder,
-    checker: Callable[[GatewaySettings], PromptEmbedder | None] = gateway_embedder,
-) -> tuple[list[WarmItem], list[str]]:
-    """The gateway's frequent intents as ``intent`` items, and the plan's notes (see the
-    module docstring); ``records`` are its clients' (prewarm's own left out)."""
-    found = find_intents(gateway, records, window_s, embedder, checker)
-    return found.items, found.notes
-
-
 def find_intents(
     gateway: GatewaySettings,
     records: pd.DataFrame,
@@ -125,7 +112,9 @@ def find_intents(
     embedder: Callable[[], PromptEmbedder] = shared_embedder,
     checker: Callable[[GatewaySettings], PromptEmbedder | None] = gateway_embedder,
 ) -> Intents:
-    """:func:`intent_items`, with each intent's requests and hits per window."""
+    """The gateway's frequent intents as ``intent`` items, the plan's notes (see the module
+    docstring) and each intent's requests and hits per window; ``records`` are its clients'
+    (prewarm's own left out)."""
     requests, rejects = intent_requests(records)
     notes = [f"intents of {gateway.name}: rejected {dict(rejects)}"] if rejects else []
     scopes: dict[str, list[IntentRequest]] = defaultdict(list)

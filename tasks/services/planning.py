@@ -162,14 +162,6 @@ def plan_request(
     )  # fmt: skip
 
 
-def gateway_candidates(
-    settings: Settings, engine_name: str, records: pd.DataFrame
-) -> list[WarmItem]:
-    """Candidates for the caches of the gateways in front of ``engine_name``
-    (:func:`gateway_candidates_noted`, less its notes)."""
-    return gateway_candidates_noted(settings, engine_name, records)[0]
-
-
 def gateway_candidates_noted(
     settings: Settings, engine_name: str, records: pd.DataFrame
 ) -> tuple[list[WarmItem], list[str], list[IntentWindow]]:

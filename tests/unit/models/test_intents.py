@@ -17,7 +17,7 @@ from models.topics import PromptEmbedder
 from pipeline.errors import BadInputError, EngineUnavailableError
 from pipeline.intents.collisions import first_collision
 from pipeline.intents.requests import intent_requests, scope_of, semantic_text
-from tasks.services.intents import intent_items
+from tasks.services.intents import find_intents
 from tasks.settings import GatewaySettings
 
 DIM = 32
@@ -169,8 +169,9 @@ def test_a_semantic_gateway_gets_its_frequent_intents_and_a_colliding_one_is_lef
     encoder = Table(table)
     embedder = PromptEmbedder(encoder)
     check = PromptEmbedder(Table(gateway_table), tail_chars=None)
-    items, notes = intent_items(gateway(), records(rows), 60, embedder=lambda: embedder,
-                                checker=lambda g: check)  # fmt: skip
+    found = find_intents(gateway(), records(rows), 60, embedder=lambda: embedder,
+                         checker=lambda g: check)  # fmt: skip
+    items, notes = found.items, found.notes
     warmed = {i.request["messages"][0]["content"].split(" wording")[0] for i in items}
     assert warmed == {"intent 1", "intent 2"}  # intent 0's entry would answer the neighbour
     assert any("not warmed" in n and "rare neighbour" in n for n in notes), notes
@@ -180,12 +181,13 @@ def test_a_semantic_gateway_gets_its_frequent_intents_and_a_colliding_one_is_lef
         own = item.request["messages"][0]["content"].split(" wording")[0]
         assert all(own not in p["messages"][0]["content"] for p in item.probes)
     # without the gateway's embedding the check has prewarm's, and says so
-    items, notes = intent_items(gateway(), records(rows), 60, embedder=lambda: embedder,
-                                checker=lambda g: None)  # fmt: skip
+    found = find_intents(gateway(), records(rows), 60, embedder=lambda: embedder,
+                         checker=lambda g: None)  # fmt: skip
+    items, notes = found.items, found.notes
     assert len(items) == 3 and any("prewarm's embedder" in n for n in notes)
     # the embeddings are cached by prompt hash: another plan embeds nothing again
     calls = encoder.calls
-    intent_items(gateway(), records(rows), 60, embedder=lambda: embedder, checker=lambda g: None)
+    find_intents(gateway(), records(rows), 60, embedder=lambda: embedder, checker=lambda g: None)
     assert encoder.calls == calls
 
 
@@ -198,6 +200,7 @@ def test_a_gateway_that_cannot_embed_gets_no_unchecked_intent():
         def encode(self, sentences, **kwargs):
             raise EngineUnavailableError("gateway edge /v1/embeddings: ConnectError")
 
-    items, notes = intent_items(gateway(), records(rows), 60, embedder=lambda: embedder,
-                                checker=lambda g: PromptEmbedder(Down()))  # fmt: skip
+    found = find_intents(gateway(), records(rows), 60, embedder=lambda: embedder,
+                         checker=lambda g: PromptEmbedder(Down()))  # fmt: skip
+    items, notes = found.items, found.notes
     assert items == [] and any("could not embed" in n for n in notes)
