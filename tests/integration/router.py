@@ -19,6 +19,7 @@ import pytest
 
 from jobs.embedded import free_port
 from jobs.simulator import SimulatorConfig, SimulatorServer
+from pipeline.router_kinds import router_kind
 
 
 @contextmanager
@@ -93,10 +94,20 @@ class RouterProcess:
         return self
 
     def _ready(self) -> bool:
+        """``/health`` answers 200 and the worker list holds every worker it was started with
+        (sglang-router answers ``/health`` before it has registered them all: a look in
+        between found one replica of three)."""
+        kind = router_kind(self.kind)
         try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            if httpx.get(f"{self.url}/health", timeout=1).status_code != 200:
+                return False
+            listed = httpx.get(f"{self.url}{kind.workers_path}", timeout=1)
         except httpx.TransportError:
             return False
+        if listed.status_code != 200:
+            return False
+        wanted = {w.rstrip("/") for w in self.workers}
+        return wanted <= set(kind.workers(listed.json(), self.url))
 
     def stop(self) -> None:
         """Terminate the router (the process this object started, by its id)."""
