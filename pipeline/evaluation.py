@@ -329,8 +329,10 @@ def _picker(
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions of the ``k`` highest scores, ties taken by position (what a stable sort gives)
-    — a partition instead of a sort of ~180,000 scores."""
-    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    — a partition instead of a sort of ~180,000 scores. The negated scores are partitioned at
+    ``k``: numpy's partition at ``n - k`` of scores that are mostly equal (zeros, small counts)
+    took 15-20 times as long, and was half of a selection's time."""
+    kth = -np.partition(-scores, k - 1)[k - 1]
     above = np.flatnonzero(scores > kth)
     return np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
 

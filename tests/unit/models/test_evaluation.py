@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from models.baselines import LastWindow, MovingAverage
 from pipeline.errors import BadInputError
@@ -15,6 +17,7 @@ from pipeline.evaluation import (
     held_out_margins,
     walk_forward,
 )
+from pipeline.evaluation import _top as top_positions
 from tests.unit.models.series import counts_from_matrix
 
 # item 0 steady, item 1 bursts in window 1 only, item 2 appears in window 2, item 3 new at 3.
@@ -174,3 +177,16 @@ def test_held_out_margins_need_the_model_and_a_baseline():
         held_out_margins(steps, "selected", ["moving_average"])
     with pytest.raises(BadInputError, match="missing column"):
         held_out_margins(steps.drop(columns="captured"), "selected", ["ewma"])
+
+
+@given(
+    st.lists(st.integers(0, 4) | st.floats(0, 10, allow_nan=False), min_size=1, max_size=300),
+    st.integers(1, 300),
+)
+def test_the_top_scores_are_the_ones_a_stable_sort_puts_first(values, k):
+    """Budgets pick the ``k`` best items by a partition; ties (most scores are equal: zero, or
+    small counts) go by position, as a stable sort of the negated scores takes them."""
+    scores = np.asarray(values, dtype=float)
+    k = min(k, len(scores))
+    expected = np.argsort(-scores, kind="stable")[:k]
+    assert sorted(top_positions(scores, k)) == sorted(expected)
