@@ -19,7 +19,7 @@ import pandas as pd
 from models.features import EWMA_FAST, candidates, ewma, running_tables, windows_per_day
 from models.model_state import ModelState
 from pipeline.errors import BadInputError, PrewarmError
-from pipeline.evaluation import CountMatrix
+from pipeline.evaluation import CountMatrix, latest_windows_that_fit
 from pipeline.shared_prefixes import FREQUENCY_ALPHA
 
 PREDICTION_COLUMNS = ("item_kind", "item_key", "window_start", "predicted")
@@ -68,11 +68,13 @@ class HotnessModel(ABC):
         Returns columns ``item_kind, item_key, window_start`` (the predicted window) and
         ``predicted`` (expected requests). ``lookback`` limits candidates to items seen in the
         last ``lookback`` windows; ``horizon`` > 1 predicts that many windows after the
-        table's last (a restart after a downtime).
+        table's last (a restart after a downtime). A history whose items times windows
+        outgrow a matrix is read in its latest windows that fit (``latest_windows_that_fit``).
         """
         self._check_fitted()
-        single = counts["window_start"].nunique() < 2 if "window_start" in counts else False
-        matrix = CountMatrix.from_counts(counts, window=self.window_ if single else None, kind=kind)
+        latest, _ = latest_windows_that_fit(counts, kind)  # a busy fleet's history: its latest
+        single = latest["window_start"].nunique() < 2
+        matrix = CountMatrix.from_counts(latest, window=self.window_ if single else None, kind=kind)
         if matrix.window != self.window_:
             raise BadInputError(
                 f"counts have {matrix.window} windows, the model was fitted on {self.window_}",

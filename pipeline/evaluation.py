@@ -103,7 +103,8 @@ class CountMatrix:
         n_items, n_windows = len(uniques), int(column.max()) + 1
         if n_items * n_windows > MAX_CELLS:
             raise BadInputError(
-                f"{n_items} items x {n_windows} windows is too many cells; use a longer window",
+                f"{n_items} items x {n_windows} windows is too many cells (at most {MAX_CELLS:,}):"
+                " use a longer window or a shorter span",
                 where="counts",
             )
         items = pd.DataFrame(
@@ -146,6 +147,38 @@ def _check_counts(counts: pd.DataFrame) -> None:
     missing = [name for name in COUNT_COLUMNS if name not in counts.columns]
     if missing:
         raise BadInputError(f"missing column(s) {', '.join(missing)}", where="counts")
+
+
+def latest_windows_that_fit(
+    counts: pd.DataFrame, kind: str | None = None, max_cells: int | None = None
+) -> tuple[pd.DataFrame, int]:
+    """The rows of ``counts`` (of ``kind``) in its latest windows whose items (those seen in
+    them) times windows fit a matrix of ``max_cells`` (:data:`MAX_CELLS`), and how many of its
+    windows were left out (0: all of it fits). A busy fleet's history outgrows the limit in
+    hours — a Mooncake-class workload brings ~180,000 new blocks an hour — and the selection
+    backtests the latest windows only. A table whose last window alone does not fit is
+    returned whole (:meth:`CountMatrix.from_counts` refuses it)."""
+    limit = MAX_CELLS if max_cells is None else max_cells
+    _check_counts(counts)
+    if kind is not None:
+        counts = counts[counts["item_kind"] == kind]
+    starts = pd.to_datetime(counts["window_start"], utc=True).dt.tz_convert(None)
+    ns = starts.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    distinct = np.unique(ns)
+    if len(distinct) < 2:
+        return counts, 0
+    window = int(np.diff(distinct).min())
+    where = np.searchsorted(distinct, ns)
+    keys = counts["item_kind"].astype(str) + "\x00" + counts["item_key"].astype(str)
+    last_seen = pd.Series(where).groupby(keys.to_numpy()).max().to_numpy()
+    # items seen in windows i.. of the distinct starts: those last seen at i or later
+    items_from = np.cumsum(np.bincount(last_seen, minlength=len(distinct))[::-1])[::-1]
+    columns = (distinct[-1] - distinct) // window + 1
+    fits = np.flatnonzero(items_from * columns <= limit)
+    if len(fits) == 0 or fits[0] == 0:
+        return counts, 0
+    first = int(fits[0])
+    return counts[where >= first], first
 
 
 def infer_window(starts: pd.Series) -> pd.Timedelta:

@@ -114,7 +114,7 @@ def _learned(
 ) -> tuple[dict[str, float], str] | None:
     try:
         from models.forecaster import HotnessForecaster
-        from pipeline.evaluation import CountMatrix
+        from pipeline.evaluation import CountMatrix, latest_windows_that_fit
 
         counts = read_parquet_file(windows, "counts") if isinstance(windows, Path) else windows
         prefixes = counts[counts["item_kind"] == "prefix"]
@@ -123,7 +123,8 @@ def _learned(
             return saved
         if prefixes["window_start"].nunique() < min_windows:
             return None
-        model = HotnessForecaster().fit(CountMatrix.from_counts(prefixes, kind="prefix"))
+        latest, _ = latest_windows_that_fit(prefixes, "prefix")
+        model = HotnessForecaster().fit(CountMatrix.from_counts(latest, kind="prefix"))
         return _prediction_map(model.predict_next(prefixes, kind="prefix")), "fitted"
     except (PrewarmError, ImportError, KeyError, ValueError, AttributeError) as exc:
         log.info("learned forecast unavailable (%s); using frequency", exc)

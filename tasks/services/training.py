@@ -14,9 +14,9 @@ import pandas as pd
 
 from models.forecaster import SAVED_NAME
 from models.persistence import code_version, read_saved, save_model
-from models.selection import SelectedForecaster, selection_metadata
+from models.selection import SELECTION_KEY, SelectedForecaster, selection_metadata
 from pipeline.errors import BadInputError
-from pipeline.evaluation import CountMatrix
+from pipeline.evaluation import CountMatrix, latest_windows_that_fit
 from tasks.adapters.observations import Observations
 from tasks.adapters.shared_store import shared_store
 from tasks.settings import current_settings
@@ -98,10 +98,21 @@ def train_on_counts(
     tokens = settings.budget.max_tokens
     selected = SelectedForecaster(budgets=(items,), metric=settings.loop.selection_metric,
                                   budget_tokens=(tokens,) if tokens else ())  # fmt: skip
-    selected.fit(CountMatrix.from_counts(counts, kind=kind))
-    extra = {"source": source, "kind": kind, **selection_metadata(selected)}
+    fitting, left_out = latest_windows_that_fit(counts, kind)
+    selected.fit(CountMatrix.from_counts(fitting, kind=kind))
+    note = selected.note_ + _history_note(left_out)
+    selection = selection_metadata(selected)
+    selection[SELECTION_KEY].update(note=note, windows_left_out=left_out)
+    extra = {"source": source, "kind": kind, **selection}
     folder = save_model(selected.winner_, root, name, extra=extra)
     return {"version": folder.name, "path": str(folder), "reused": False,
-            "winner": selected.winner_name_, "note": selected.note_,
+            "winner": selected.winner_name_, "note": note,
             "trained_until": selected.trained_until_.isoformat(),
             "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+
+
+def _history_note(left_out: int) -> str:
+    if not left_out:
+        return ""
+    return (f"; the latest windows only: {left_out} older window(s) left out, the whole "
+            f"history's items x windows being more than one matrix holds")  # fmt: skip
