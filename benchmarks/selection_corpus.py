@@ -55,6 +55,8 @@ RATES = {"conversations": 200.0, "heads": 40.0}
 MINUTES = {"conversations": 60, "heads": 40}
 #: The first history end the walk-forward predicts from.
 FIRST_T = 15
+#: Items x windows of one trace's matrix at most (the loop's limit is a third of it).
+BENCHMARK_MAX_CELLS = 180_000_000
 
 
 class _Recorded(SelectedForecaster):
@@ -74,7 +76,10 @@ def held_out(
     """Walk-forward of the baselines and the selected model at ``budgets`` (items) from
     history end ``first_t``: the selected model's margins over the best baseline per budget
     (:func:`pipeline.evaluation.held_out_margins`), and the winner of each refit."""
-    matrix = CountMatrix.from_counts(counts)
+    # The walk-forward needs the whole history in one matrix: a conversations trace in 10-minute
+    # windows (600 minutes, ~1.2 million blocks x 60 windows) is over the loop's limit, which
+    # reads the latest windows that fit instead.
+    matrix = CountMatrix.from_counts(counts, max_cells=BENCHMARK_MAX_CELLS)
     selected = _Recorded(budgets)
     selected.winners = []
     config = WalkForwardConfig(budget_items=budgets, first_t=first_t, refit_every=refit_every)
